@@ -1,0 +1,1 @@
+"""Analysis of pipespec results: closed-form models, simulator, importers, figures (no torch)."""

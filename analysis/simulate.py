@@ -1,0 +1,583 @@
+"""Discrete-event simulator of PipeSpec, synchronous (tiered) chain SD and autoregressive decoding.
+
+Pure Python + numpy, deterministic under a seed. Tokens are abstract: every
+token is a unique integer id created once, by one stage, at one position, on
+one context. Copies (a verifier accepting a draft, a stage rolling back to a
+later stage's output) keep the id, so two buffers that hold the same id at
+position q agree on all positions <= q. Prefix checks are therefore O(1) and a
+rollback only touches the tokens that differ.
+
+Time model
+----------
+Stage i (0 = smallest drafter, K = target) spends ``t_i(n) = fixed + per_token * n``
+seconds on a forward pass over n input tokens (``StageCost``). The input of a
+step is the stage's own tokens not yet in its KV cache (at least one; usually
+its last own token) plus the drafts it verifies, so a plain one-token step
+costs t_i(1) and verifying n drafts costs t_i(n + 1). Prefill is not modelled.
+
+Acceptance model (i.i.d. assumption)
+------------------------------------
+For the pair (i-1, i), every draft token stage i is offered is accepted
+independently with probability alpha_i (``Bernoulli``), regardless of where
+the token came from: a token that stage i-1 accepted from stage i-2 is
+accepted by stage i with probability alpha_i, independent of what happened
+before. A verification of n drafts therefore accepts a geometric prefix
+j <= n, and the verifier appends its own token (the correction at the first
+mismatch, or the bonus token if all n matched). When a stage appends an own
+token at a position where its drafter already holds a (consistent) token,
+the two agree with probability alpha_i (the drafter's token would have been
+accepted); otherwise the drafter is rolled back. ``Replay`` instead replays a
+logged sequence of accepted counts (own token included) verification by
+verification: count k accepts min(k - 1, n) of the n offered drafts.
+
+Strategies
+----------
+- ``simulate_autoregressive``: the target alone, one t(1) step per token.
+- ``simulate_sync_sd``: lockstep rounds. Stage 0 drafts ``gamma`` tokens one
+  step at a time, then stages 1..K verify in turn (each takes everything its
+  predecessor holds beyond the committed output), then every stage rolls back
+  to the target's output. Rounds never overlap.
+- ``simulate_pipespec``: all stages run concurrently. Stage 0 drafts one token
+  per step, continuously, while its lead over stage 1 is below ``max_lead``.
+  A verifier takes all drafts beyond its committed output (at most
+  ``verify_window`` if set); if fewer than ``lookahead`` are available and its
+  drafter is still producing it waits; with nothing available it takes a
+  single-token step (never blocks when ``lookahead`` is 0). Non-target stages
+  also stop at ``max_lead`` tokens ahead of their successor. After every step
+  a stage sends its output upstream; a stage whose buffer disagrees rolls back
+  to it (KV cache cropped, in-flight step discarded when it completes) and
+  forwards the rollback further upstream. Each hop takes ``rollback_delay``
+  seconds (0: immediate, the whole cascade at once).
+
+What the simulator does not model: EOS, prefill, variable step times beyond
+the linear cost, communication time other than ``rollback_delay``, and
+verifier-side tie effects (acceptance is purely the i.i.d. draws above).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import numpy as np
+
+from analysis.import_official import estimate_alpha
+
+__all__ = [
+    "StageCost",
+    "Bernoulli",
+    "Replay",
+    "SimResult",
+    "simulate_autoregressive",
+    "simulate_sync_sd",
+    "simulate_pipespec",
+]
+
+ROOT = -1  # parent id of the first generated token (the prompt)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Step cost of one stage: t(n) = fixed + per_token * n seconds for n input tokens."""
+
+    fixed: float
+    per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.fixed) and self.fixed >= 0):
+            raise ValueError(f"fixed must be a finite number >= 0, got {self.fixed!r}")
+        if not (math.isfinite(self.per_token) and self.per_token >= 0):
+            raise ValueError(f"per_token must be a finite number >= 0, got {self.per_token!r}")
+        if self.fixed + self.per_token <= 0:
+            raise ValueError("a one-token step must take positive time (fixed + per_token > 0)")
+
+    def __call__(self, n_tokens: int) -> float:
+        return self.fixed + self.per_token * n_tokens
+
+
+@dataclass(frozen=True)
+class Bernoulli:
+    """Each offered draft token is accepted independently with probability ``alpha``."""
+
+    alpha: float
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.alpha <= 1.0):
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha!r}")
+
+    def sampler(self, rng: np.random.Generator) -> "_BernoulliSampler":
+        return _BernoulliSampler(self.alpha, rng)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Replay logged accepted counts (each >= 1, own token included), cycling when exhausted.
+
+    ``agree_prob`` is the chance that an own token matches the drafter's token
+    at the same position (see module docstring); by default the geometric
+    estimate of alpha from the counts (``estimate_alpha`` without window).
+    """
+
+    counts: tuple[int, ...]
+    agree_prob: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counts", tuple(int(k) for k in self.counts))
+        if not self.counts or min(self.counts) < 1:
+            raise ValueError("counts must be a non-empty sequence of integers >= 1")
+        if self.agree_prob is not None and not (0.0 <= self.agree_prob <= 1.0):
+            raise ValueError(f"agree_prob must be in [0, 1], got {self.agree_prob!r}")
+
+    def sampler(self, rng: np.random.Generator) -> "_ReplaySampler":
+        agree = estimate_alpha(self.counts) if self.agree_prob is None else self.agree_prob
+        return _ReplaySampler(self.counts, agree, rng)
+
+
+AcceptanceSpec = Union[float, Bernoulli, Replay, Sequence[int]]
+
+
+class _BernoulliSampler:
+    def __init__(self, alpha: float, rng: np.random.Generator) -> None:
+        self.alpha = alpha
+        self.rng = rng
+
+    def verify(self, offered: int) -> int:
+        """Accepted prefix length of ``offered`` i.i.d. drafts (truncated geometric)."""
+        if self.alpha >= 1.0:
+            return offered
+        if self.alpha <= 0.0:
+            return 0
+        # trials up to and including the first rejection, minus that rejection
+        return min(int(self.rng.geometric(1.0 - self.alpha)) - 1, offered)
+
+    def agrees(self) -> bool:
+        return bool(self.rng.random() < self.alpha)
+
+
+class _ReplaySampler:
+    def __init__(self, counts: tuple[int, ...], agree_prob: float, rng: np.random.Generator) -> None:
+        self.counts = counts
+        self.agree_prob = agree_prob
+        self.rng = rng
+        self.next_index = 0
+
+    def verify(self, offered: int) -> int:
+        count = self.counts[self.next_index % len(self.counts)]
+        self.next_index += 1
+        return min(count - 1, offered)
+
+    def agrees(self) -> bool:
+        return bool(self.rng.random() < self.agree_prob)
+
+
+def _as_acceptance(spec: AcceptanceSpec) -> Bernoulli | Replay:
+    if isinstance(spec, (Bernoulli, Replay)):
+        return spec
+    if isinstance(spec, numbers.Real) and not isinstance(spec, bool):
+        return Bernoulli(float(spec))  # a plain number is an i.i.d. acceptance probability
+    return Replay(tuple(spec))  # a sequence is a log of accepted counts
+
+
+def _as_cost(spec: StageCost | float | tuple[float, float]) -> StageCost:
+    if isinstance(spec, StageCost):
+        return spec
+    if isinstance(spec, numbers.Real):
+        return StageCost(float(spec))  # a plain number is a fixed step time
+    return StageCost(*spec)
+
+
+def _check_int(value: int, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Outcome of one simulated generation.
+
+    Per-stage tuples have one entry per stage (0 = first drafter, last =
+    target); per-pair tuples one entry per adjacent pair (drafter i-1,
+    verifier i), i.e. per verifier stage 1..K.
+    """
+
+    strategy: str
+    total_time: float  # seconds until the target holds max_new_tokens tokens
+    tokens_generated: int  # = max_new_tokens (output truncated to the budget)
+    committed_tokens: int  # tokens the target committed, including the last step's overshoot
+    steps: tuple[int, ...]  # completed steps per stage, discarded ones included
+    discarded_steps: tuple[int, ...]  # steps whose result was dropped because of a rollback
+    busy_fraction: tuple[float, ...]  # time computing / total_time
+    verify_fraction: tuple[float, ...]  # rho per verifier: verifications / applied steps
+    accepted_per_verify: tuple[float, ...]  # per pair: mean accepted drafts + 1 (as the logs count)
+    offered_per_verify: tuple[float, ...]  # per pair: mean drafts offered per verification
+    rejections: tuple[int, ...]  # per pair: verifications that ended at a mismatch
+    accepted_counts: tuple[tuple[int, ...], ...]  # per pair: every accepted count (own token included)
+    offered_counts: tuple[tuple[int, ...], ...]  # per pair: drafts offered, same order as accepted_counts
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.total_time
+
+    @property
+    def target_steps(self) -> int:
+        return self.steps[-1] - self.discarded_steps[-1]
+
+    @property
+    def tokens_per_target_step(self) -> float:
+        """Committed tokens per applied target step (the paper's Eq. 4 quantity)."""
+        return self.committed_tokens / self.target_steps
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+# --------------------------------------------------------------------------- token bookkeeping
+
+
+class _Tokens:
+    """Creates token ids; remembers each id's parent id and position."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.position: list[int] = []
+
+    def new(self, buffer: list[int]) -> int:
+        """A fresh token to be appended to ``buffer``."""
+        self.parent.append(buffer[-1] if buffer else ROOT)
+        self.position.append(len(buffer))
+        return len(self.parent) - 1
+
+    def holds(self, buffer: list[int], token: int) -> bool:
+        """True if ``buffer`` contains ``token`` at its position (hence agrees on the prefix)."""
+        if token == ROOT:
+            return True
+        pos = self.position[token]
+        return pos < len(buffer) and buffer[pos] == token
+
+    def rebase(self, buffer: list[int], last: int) -> int | None:
+        """Make ``buffer`` extend the sequence ending in ``last``; return the first changed position.
+
+        None if ``buffer`` already extends it. Otherwise the tokens after the
+        common prefix are replaced by that sequence (in place).
+        """
+        if self.holds(buffer, last):
+            return None
+        missing = []
+        token = last
+        while not self.holds(buffer, token):  # walk back to the common prefix
+            missing.append(token)
+            token = self.parent[token]
+        start = 0 if token == ROOT else self.position[token] + 1
+        del buffer[start:]
+        buffer.extend(reversed(missing))
+        return start
+
+
+def _agree_through(a: list[int], b: list[int], length: int) -> bool:
+    """True if buffers ``a`` and ``b`` agree on their first ``length`` tokens."""
+    return length == 0 or (len(a) >= length and len(b) >= length and a[length - 1] == b[length - 1])
+
+
+# --------------------------------------------------------------------------- autoregressive
+
+
+def simulate_autoregressive(cost: StageCost | float, max_new_tokens: int) -> SimResult:
+    """Plain greedy decoding by one model: max_new_tokens steps of t(1) each (exactly 1 / t(1) tokens/s)."""
+    cost = _as_cost(cost)
+    n = _check_int(max_new_tokens, "max_new_tokens", 1)
+    return SimResult(
+        strategy="autoregressive",
+        total_time=n * cost(1),
+        tokens_generated=n,
+        committed_tokens=n,
+        steps=(n,),
+        discarded_steps=(0,),
+        busy_fraction=(1.0,),
+        verify_fraction=(),
+        accepted_per_verify=(),
+        offered_per_verify=(),
+        rejections=(),
+        accepted_counts=(),
+        offered_counts=(),
+    )
+
+
+# --------------------------------------------------------------------------- shared per-stage state
+
+
+class _Stage:
+    """Mutable state of one stage during a simulation."""
+
+    def __init__(self) -> None:
+        self.buffer: list[int] = []  # O_i: the tokens this stage currently believes
+        self.cached = 0  # tokens of buffer in the KV cache
+        self.epoch = 0  # bumped by every rollback; a step started in an older epoch is discarded
+        self.busy = False
+        self.busy_time = 0.0
+        self.steps = 0
+        self.discarded = 0
+        self.verifications = 0
+        self.accepted: list[int] = []  # accepted count (+ own token) per verification
+        self.offered: list[int] = []
+        self.rejections = 0
+        # the step in flight
+        self.step_start = 0.0
+        self.step_end = 0.0
+        self.step_epoch = 0
+        self.step_drafts: list[int] = []
+
+
+def _result(strategy: str, stages: list[_Stage], total_time: float, max_new_tokens: int) -> SimResult:
+    verifiers = stages[1:]
+    return SimResult(
+        strategy=strategy,
+        total_time=total_time,
+        tokens_generated=max_new_tokens,
+        committed_tokens=len(stages[-1].buffer),
+        steps=tuple(s.steps for s in stages),
+        discarded_steps=tuple(s.discarded for s in stages),
+        busy_fraction=tuple(min(s.busy_time / total_time, 1.0) for s in stages),
+        verify_fraction=tuple(
+            s.verifications / (s.steps - s.discarded) if s.steps > s.discarded else math.nan for s in verifiers
+        ),
+        accepted_per_verify=tuple(_mean(s.accepted) for s in verifiers),
+        offered_per_verify=tuple(_mean(s.offered) for s in verifiers),
+        rejections=tuple(s.rejections for s in verifiers),
+        accepted_counts=tuple(tuple(s.accepted) for s in verifiers),
+        offered_counts=tuple(tuple(s.offered) for s in verifiers),
+    )
+
+
+def _check_chain(costs, acceptances) -> tuple[list[StageCost], list[Bernoulli | Replay]]:
+    costs = [_as_cost(c) for c in costs]
+    if len(costs) < 2:
+        raise ValueError(f"costs needs at least two stages (drafter and target), got {len(costs)}")
+    acceptances = [_as_acceptance(a) for a in acceptances]
+    if len(acceptances) != len(costs) - 1:
+        raise ValueError(f"acceptances needs one entry per adjacent pair ({len(costs) - 1}), got {len(acceptances)}")
+    return costs, acceptances
+
+
+# --------------------------------------------------------------------------- synchronous chain SD
+
+
+def simulate_sync_sd(
+    costs: Sequence[StageCost | float],
+    acceptances: Sequence[AcceptanceSpec],
+    gamma: int,
+    max_new_tokens: int,
+    seed: int = 0,
+) -> SimResult:
+    """Synchronous (tiered) chain speculative decoding in lockstep rounds.
+
+    Each round: stage 0 drafts ``gamma`` tokens (one step each); stage i = 1..K
+    verifies everything stage i-1 holds beyond the committed output, accepts
+    a prefix and appends its own token; then all stages roll back to the
+    target's output. ``gamma`` = 0 degenerates to autoregressive decoding of
+    the target. ``costs``: one ``StageCost`` (or fixed seconds) per stage, target
+    last; ``acceptances``: one alpha / ``Bernoulli`` / ``Replay`` / count list per pair.
+    """
+    costs, acceptances = _check_chain(costs, acceptances)
+    gamma = _check_int(gamma, "gamma", 0)
+    max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
+    rng = np.random.default_rng(seed)
+    samplers = [spec.sampler(rng) for spec in acceptances]
+    tokens = _Tokens()
+    stages = [_Stage() for _ in costs]
+    target = stages[-1]
+    now = 0.0
+
+    def run_step(stage: _Stage, cost: StageCost, n_input: int) -> None:
+        nonlocal now
+        duration = cost(max(n_input, 1))  # every forward pass feeds at least one token
+        now += duration
+        stage.busy_time += duration
+        stage.steps += 1
+
+    while len(target.buffer) < max_new_tokens:
+        committed = len(target.buffer)  # all stages agree on these tokens at a round start
+        drafter = stages[0]
+        for _ in range(gamma):
+            run_step(drafter, costs[0], len(drafter.buffer) - drafter.cached)
+            drafter.cached = len(drafter.buffer)  # the context is now cached; the new token is not
+            drafter.buffer.append(tokens.new(drafter.buffer))
+        for i in range(1, len(stages)):
+            upstream, stage = stages[i - 1].buffer, stages[i]
+            drafts = upstream[committed:]
+            if not drafts and i < len(stages) - 1:
+                continue  # a middle stage with nothing to verify idles this round
+            run_step(stage, costs[i], committed - stage.cached + len(drafts))
+            accepted = samplers[i - 1].verify(len(drafts)) if drafts else 0
+            del stage.buffer[committed:]
+            stage.buffer.extend(drafts[:accepted])
+            stage.cached = committed + accepted  # rejected drafts are cropped from the KV cache
+            stage.buffer.append(tokens.new(stage.buffer))  # correction or bonus token
+            if drafts:
+                stage.verifications += 1
+                stage.accepted.append(accepted + 1)
+                stage.offered.append(len(drafts))
+                stage.rejections += accepted < len(drafts)
+        for stage in stages[:-1]:  # everyone rolls back to the target's output
+            changed = tokens.rebase(stage.buffer, target.buffer[-1])
+            if changed is not None:
+                stage.cached = min(stage.cached, changed)
+    return _result("sync_sd", stages, now, max_new_tokens)
+
+
+# --------------------------------------------------------------------------- PipeSpec
+
+
+def simulate_pipespec(
+    costs: Sequence[StageCost | float],
+    acceptances: Sequence[AcceptanceSpec],
+    max_new_tokens: int,
+    lookahead: int = 0,
+    max_lead: int = 32,
+    verify_window: int | None = None,
+    rollback_delay: float = 0.0,
+    seed: int = 0,
+) -> SimResult:
+    """Asynchronous k-stage PipeSpec pipeline (see the module docstring for the rules).
+
+    ``lookahead``: minimum drafts a verifier waits for while its drafter is
+    still producing (0 = never wait). ``max_lead``: a non-target stage does not
+    start a step while it is this many tokens ahead of its successor.
+    ``verify_window``: optional cap on drafts per verification (None = all
+    available). ``rollback_delay``: seconds per upstream hop of a rollback.
+    """
+    costs, acceptances = _check_chain(costs, acceptances)
+    max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
+    lookahead = _check_int(lookahead, "lookahead", 0)
+    max_lead = _check_int(max_lead, "max_lead", max(lookahead, 1))
+    if verify_window is not None:
+        verify_window = _check_int(verify_window, "verify_window", max(lookahead, 1))
+    if not (math.isfinite(rollback_delay) and rollback_delay >= 0):
+        raise ValueError(f"rollback_delay must be a finite number >= 0, got {rollback_delay!r}")
+
+    rng = np.random.default_rng(seed)
+    samplers = [spec.sampler(rng) for spec in acceptances]
+    tokens = _Tokens()
+    stages = [_Stage() for _ in costs]
+    last = len(stages) - 1
+    events: list[tuple[float, int, int, int]] = []  # (time, sequence, stage, token or -2 for step end)
+    sequence = 0
+    step_done = -2
+    max_events = 1000 * max_new_tokens * len(stages) + 10_000  # guard against a modelling bug looping
+
+    def schedule(time: float, stage_index: int, payload: int) -> None:
+        nonlocal sequence
+        heapq.heappush(events, (time, sequence, stage_index, payload))
+        sequence += 1
+
+    def capped(i: int) -> bool:
+        # a non-target stage pauses while it is max_lead tokens ahead of its successor
+        return i < last and len(stages[i].buffer) - len(stages[i + 1].buffer) >= max_lead
+
+    def send_upstream(i: int, token: int, now: float) -> None:
+        """Stage i tells stage i-1 that its output now ends in ``token``."""
+        if i == 0:
+            return
+        if rollback_delay > 0:
+            schedule(now + rollback_delay, i - 1, token)
+        else:
+            apply_rollback(i - 1, token, now)
+
+    def apply_rollback(j: int, token: int, now: float) -> None:
+        stage = stages[j]
+        changed = tokens.rebase(stage.buffer, token)
+        if changed is None:
+            return  # already consistent: nothing to roll back, the cascade stops here
+        stage.cached = min(stage.cached, changed)
+        stage.epoch += 1  # the step in flight (if any) worked on a stale context
+        send_upstream(j, token, now)
+
+    def try_start(i: int, now: float) -> None:
+        stage = stages[i]
+        if stage.busy or capped(i):
+            return
+        uncached = len(stage.buffer) - stage.cached
+        drafts: list[int] = []
+        if i > 0:
+            upstream = stages[i - 1].buffer
+            committed = len(stage.buffer)
+            if len(upstream) > committed and _agree_through(upstream, stage.buffer, committed):
+                end = len(upstream) if verify_window is None else min(len(upstream), committed + verify_window)
+                drafts = upstream[committed:end]
+            if len(drafts) < lookahead and not capped(i - 1):
+                return  # wait for the drafter, which is still producing
+        stage.busy = True
+        stage.step_start = now
+        stage.step_end = now + costs[i](max(uncached + len(drafts), 1))
+        stage.step_epoch = stage.epoch
+        stage.step_drafts = drafts
+        schedule(stage.step_end, i, step_done)
+
+    def finish_step(i: int, now: float) -> bool:
+        """Apply stage i's completed step; True when the target reached the token budget."""
+        stage = stages[i]
+        stage.busy = False
+        stage.steps += 1
+        stage.busy_time += now - stage.step_start
+        if stage.step_epoch != stage.epoch:
+            stage.discarded += 1  # a rollback arrived while computing: the result is stale
+            return False
+        if i == 0:
+            stage.cached = len(stage.buffer)
+            stage.buffer.append(tokens.new(stage.buffer))
+            return False
+        drafts = stage.step_drafts
+        sampler = samplers[i - 1]
+        accepted = sampler.verify(len(drafts)) if drafts else 0
+        stage.buffer.extend(drafts[:accepted])
+        stage.cached = len(stage.buffer)  # own uncached tokens and accepted drafts are now cached
+        own = None
+        if accepted == len(drafts):
+            # bonus or single-token step: the drafter may already hold a token at this position
+            upstream = stages[i - 1].buffer
+            position = len(stage.buffer)
+            if (len(upstream) > position and _agree_through(upstream, stage.buffer, position)
+                    and sampler.agrees()):
+                own = upstream[position]  # same token: the drafter keeps its continuation
+        stage.buffer.append(own if own is not None else tokens.new(stage.buffer))
+        if drafts:
+            stage.verifications += 1
+            stage.accepted.append(accepted + 1)
+            stage.offered.append(len(drafts))
+            stage.rejections += accepted < len(drafts)
+        send_upstream(i, stage.buffer[-1], now)
+        return i == last and len(stage.buffer) >= max_new_tokens
+
+    for i in range(last, -1, -1):
+        try_start(i, 0.0)
+    now = 0.0
+    handled = 0
+    while True:
+        if not events:
+            raise RuntimeError("simulation stalled: no stage can make progress")
+        handled += 1
+        if handled > max_events:
+            raise RuntimeError("simulation exceeded its event budget")
+        now, _, i, payload = heapq.heappop(events)
+        if payload == step_done:
+            if finish_step(i, now):
+                break
+        else:
+            apply_rollback(i, payload, now)
+        for j in range(last, -1, -1):  # downstream first: verifiers read their drafter's state as of now
+            try_start(j, now)
+
+    for stage in stages:  # count the part of in-flight steps that ran before the end
+        if stage.busy:
+            stage.busy_time += now - stage.step_start
+    return _result("pipespec", stages, now, max_new_tokens)

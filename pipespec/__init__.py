@@ -1,0 +1,1 @@
+"""pipespec: hierarchical speculative decoding (greedy, synchronous chain SD, PipeSpec)."""

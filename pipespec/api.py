@@ -1,0 +1,294 @@
+"""The Python API: build a pipeline from models (smallest first, target last), generate, close.
+
+    from pipespec import Pipeline
+    with Pipeline(["prompt_lookup", {"model": path, "quantize": "int8-dynamic"}, path],
+                  strategy="pipespec") as pipe:
+        result = pipe.generate("def fib(n):", max_new_tokens=64)
+        print(result.text, result.summary())
+
+The pipeline starts one process per stage (rank i + 1; this process is rank 0,
+the driver) and keeps them for every `generate` call until it is closed. Any
+failure of a stage ends the call with a `StageError` naming the stage, and the
+pipeline shuts every stage process down.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from pipespec.models import (
+    ConfigError,
+    StageSpec,
+    check_shared_vocabulary,
+    context_length,
+    eos_token_ids,
+)
+from pipespec.schedule import check_options, roles
+from pipespec.trace import StageTrace, format_summary, summarize
+
+HOST = "127.0.0.1"
+
+
+class StageError(RuntimeError):
+    """A stage failed, died or stalled; the message names the stage and the cause."""
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    time_s: float
+    strategy: str
+    lookahead: int
+    stage_traces: list[StageTrace] = field(default_factory=list)
+
+    def summary(self) -> list[dict[str, Any]]:
+        return summarize(self.stage_traces, len(self.tokens))
+
+    def format_summary(self) -> str:
+        return format_summary(self.summary())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _context():
+    # a fork server imports torch and transformers once; stage processes are forked from it
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["pipespec.stage"])
+    return ctx
+
+
+class Pipeline:
+    def __init__(
+        self,
+        stages: Sequence[StageSpec | str | Mapping[str, Any]],
+        strategy: str = "pipespec",
+        lookahead: int = 0,
+        max_lead: int = 8,
+        *,
+        start_timeout_s: float = 600.0,
+        stall_timeout_s: float = 30.0,
+    ):
+        self.specs = [StageSpec.from_any(s) for s in stages]
+        check_options(strategy, len(self.specs), lookahead, max_lead)
+        self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
+        self.start_timeout_s, self.stall_timeout_s = start_timeout_s, stall_timeout_s
+        # refuse mismatched vocabularies before any stage process starts
+        self.tokenizer = check_shared_vocabulary(self.specs)
+        self.eos_ids = eos_token_ids(self.specs[-1].model)
+        self.context_length = context_length(self.specs[-1].model)
+        self.names = self._stage_names()
+        self.processes: list = []
+        self.transport = None
+        self.pids: list[int] = []
+        self._request = 0
+
+    def _stage_names(self) -> list[str]:
+        labels = [s.label for s in self.specs]
+        return [f"{i}:{label}" for i, label in enumerate(labels)]
+
+    # ---- lifecycle --------------------------------------------------------
+    def __enter__(self) -> "Pipeline":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def started(self) -> bool:
+        return self.transport is not None
+
+    def start(self) -> None:
+        from pipespec.stage import stage_process_main
+        from pipespec.transport import GlooTransport
+
+        if self.started:
+            return
+        port = _free_port()
+        n = len(self.specs)
+        ctx = _context()
+        self.processes = [
+            ctx.Process(
+                target=stage_process_main,
+                args=(i, spec, n, HOST, port, self.start_timeout_s),
+                name=f"pipespec-stage-{i}",
+                daemon=True,
+            )
+            for i, spec in enumerate(self.specs)
+        ]
+        for process in self.processes:
+            process.start()
+        # the group's rendezvous blocks until every stage joins: do it aside and watch the processes
+        box: dict[str, Any] = {}
+
+        def connect():
+            try:
+                box["transport"] = GlooTransport(0, n + 1, HOST, port, range(1, n + 1), self.start_timeout_s)
+            except Exception as error:
+                box["error"] = error
+
+        thread = threading.Thread(target=connect, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while thread.is_alive():
+            thread.join(0.1)
+            self._check_processes()
+            if time.monotonic() > deadline:
+                self._kill()
+                raise StageError(f"stage processes did not connect within {self.start_timeout_s:.0f} s")
+        if "error" in box:
+            self._kill()
+            raise StageError(f"could not connect to the stage processes: {box['error']}")
+        self.transport = box["transport"]
+        ready = set()
+        try:
+            while len(ready) < n:
+                sender, message = self._receive(deadline, "starting")
+                if message[0] == "ready":
+                    ready.add(message[1])
+                    self.pids.append(message[2])
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.transport is not None:
+            for rank in range(1, len(self.specs) + 1):
+                try:
+                    self.transport.send(rank, ("shutdown",))
+                except Exception:
+                    pass
+        deadline = time.monotonic() + 5.0
+        for process in self.processes:
+            process.join(max(deadline - time.monotonic(), 0.0))
+        self._kill()
+        if self.transport is not None:
+            self.transport.close()
+        self.transport = None
+
+    def _kill(self) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+        for process in self.processes:
+            process.join(2.0)
+
+    # ---- failures ---------------------------------------------------------
+    def _check_processes(self) -> None:
+        for i, process in enumerate(self.processes):
+            if process.exitcode is not None and process.exitcode != 0:
+                self._fail(f"stage {self.names[i]} died (exit code {process.exitcode})")
+            if process.exitcode == 0 and self.started:
+                self._fail(f"stage {self.names[i]} exited unexpectedly")
+
+    def _fail(self, reason: str, detail: str | None = None):
+        self.close()
+        error = StageError(reason)
+        error.detail = detail
+        raise error
+
+    def _receive(self, deadline: float, doing: str) -> tuple[int, tuple]:
+        """The next message for the driver; stage errors, deaths and the deadline raise StageError."""
+        from pipespec.transport import LINK_BROKEN
+
+        while True:
+            item = self.transport.receive(0.1)
+            if item is None:
+                self._check_processes()
+                if time.monotonic() > deadline:
+                    self._fail(f"no answer from the stages within the time limit while {doing}")
+                continue
+            sender, message = item
+            if message[0] == "error":
+                errors = [message]
+                # a failing stage takes its neighbours' links down too: prefer the root cause
+                settle = time.monotonic() + 0.3
+                while time.monotonic() < settle:
+                    more = self.transport.receive(0.05)
+                    if more is not None and more[1][0] == "error":
+                        errors.append(more[1])
+                root = next((e for e in errors if "lost the link" not in e[2]), errors[0])
+                self._fail(f"stage {self.names[root[1]]} failed: {root[2]}", root[3])
+            if message[0] == LINK_BROKEN:
+                time.sleep(0.2)  # let the process finish dying so its exit code is known
+                self._check_processes()
+                self._fail(f"lost the link to stage {self.names[sender - 1]}: {message[1]}")
+            return sender, message
+
+    # ---- generation -------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        ids = [int(t) for t in prompt]
+        vocab = len(self.tokenizer)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ConfigError(f"prompt ids {bad[:5]} are outside the vocabulary (size {vocab})")
+        return ids
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        *,
+        strategy: str | None = None,
+        lookahead: int | None = None,
+        max_lead: int | None = None,
+        timeout_s: float | None = None,
+        fault: dict | None = None,
+    ) -> GenerationResult:
+        from pipespec.stage import Job
+
+        strategy = strategy or self.strategy
+        lookahead = self.lookahead if lookahead is None else lookahead
+        max_lead = self.max_lead if max_lead is None else max_lead
+        stage_roles = roles(strategy, len(self.specs), lookahead, max_lead)
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ConfigError(f"max_new_tokens must be an integer > 0, got {max_new_tokens!r}")
+        prompt_ids = self.encode(prompt)
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        if self.context_length and len(prompt_ids) + max_new_tokens > self.context_length:
+            raise ConfigError(
+                f"prompt of {len(prompt_ids)} tokens + max_new_tokens {max_new_tokens} exceeds the target's "
+                f"context of {self.context_length} tokens"
+            )
+        if not self.started:
+            self.start()
+        self._request += 1
+        job = Job(
+            self._request, prompt_ids, max_new_tokens, self.eos_ids, stage_roles, self.stall_timeout_s,
+            self.names, fault,
+        )
+        active = [i for i, role in enumerate(stage_roles) if role.active]
+        started = time.perf_counter()
+        for i in active:
+            self.transport.send(i + 1, ("generate", job))
+        deadline = time.monotonic() + (timeout_s or float("inf"))
+        traces: dict[int, StageTrace] = {}
+        output = None
+        while output is None or len(traces) < len(active):
+            _, message = self._receive(deadline, f"generating (request {job.request})")
+            if message[0] == "result" and message[2] == job.request:
+                output = message[3]
+                elapsed = time.perf_counter() - started
+            elif message[0] == "trace" and message[2] == job.request:
+                traces[message[1]] = StageTrace.from_dict(message[3])
+        return GenerationResult(
+            tokens=output,
+            text=self.tokenizer.decode(output, skip_special_tokens=True),
+            time_s=elapsed,
+            strategy=strategy,
+            lookahead=lookahead,
+            stage_traces=[traces[i] for i in sorted(traces)],
+        )

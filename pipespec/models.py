@@ -1,0 +1,283 @@
+"""Stage models: what each pipeline stage runs, and the primitives it runs them with.
+
+A stage is either a Hugging Face causal LM (hub id or local directory, with a
+dtype, a device and optional int8 dynamic quantization) or a prompt-lookup
+drafter (no model: it continues the latest n-gram match of prompt + output).
+
+The model primitives follow gpt-fast: explicit positions and an explicit KV
+cache whose length is tracked beside it. A `CausalLMRunner` holds the K/V of a
+prefix of the committed sequence; `verify` feeds the rest of that sequence plus
+the offered drafts in one forward pass and crops the cache back to exactly the
+tokens that stay committed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+KINDS = ("hf", "prompt_lookup")
+DTYPES = ("float32", "float16", "bfloat16")
+QUANTIZATIONS = (None, "int8-dynamic", "nf4")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the option and what is expected."""
+
+
+@dataclass
+class StageSpec:
+    """What one stage runs. `model` is a hub id or a local directory (kind "hf")."""
+
+    model: str | None = None
+    kind: str = "hf"
+    dtype: str = "float32"
+    device: str = "cpu"
+    quantize: str | None = None
+    name: str | None = None
+    threads: int = 1
+    ngram_size: int = 3  # prompt_lookup: longest n-gram to match
+    max_proposal: int = 8  # prompt_lookup: most tokens proposed per step
+    extra: dict = field(default_factory=dict)  # passed to from_pretrained (e.g. device_map)
+
+    @classmethod
+    def from_any(cls, value: "StageSpec | str | Mapping[str, Any]") -> "StageSpec":
+        if isinstance(value, StageSpec):
+            spec = value
+        elif isinstance(value, str):
+            spec = cls(kind="prompt_lookup") if value == "prompt_lookup" else cls(model=value)
+        elif isinstance(value, Mapping):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ConfigError(f"unknown stage option(s) {unknown}; expected some of {sorted(known)}")
+            spec = cls(**{k: v for k, v in value.items()})
+        else:
+            raise ConfigError(f"a stage must be a model id, a path or a mapping, got {type(value).__name__}")
+        spec.validate()
+        return spec
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.kind == "prompt_lookup":
+            return f"prompt_lookup(n={self.ngram_size})"
+        base = Path(str(self.model)).name or str(self.model)
+        return f"{base}[{self.quantize}]" if self.quantize else base
+
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"stage kind must be one of {list(KINDS)}, got {self.kind!r}")
+        if self.kind == "hf":
+            if not self.model:
+                raise ConfigError("stage option 'model' is required for kind 'hf' (a hub id or a local directory)")
+            if self.dtype not in DTYPES:
+                raise ConfigError(f"stage option 'dtype' must be one of {list(DTYPES)}, got {self.dtype!r}")
+            if self.quantize not in QUANTIZATIONS:
+                raise ConfigError(
+                    f"stage option 'quantize' must be one of {list(QUANTIZATIONS)}, got {self.quantize!r}"
+                )
+            if self.quantize == "int8-dynamic" and not self.device.startswith("cpu"):
+                raise ConfigError("quantize 'int8-dynamic' runs on the CPU only: set device: cpu")
+            _check_device(self.device)
+        else:
+            if self.ngram_size < 1 or self.max_proposal < 1:
+                raise ConfigError("prompt_lookup needs ngram_size >= 1 and max_proposal >= 1")
+        if self.threads < 1:
+            raise ConfigError(f"stage option 'threads' must be >= 1, got {self.threads}")
+
+
+def _check_device(device: str) -> None:
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "auto"):
+        raise ConfigError(f"stage option 'device' must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
+    if kind == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        wanted = int(index) if index else 0
+        if wanted >= count:
+            raise ConfigError(f"device {device!r} is not present (this machine has {count} CUDA device(s))")
+
+
+def is_local_path(model: str) -> bool:
+    return model.startswith((".", "/", "~")) or os.path.isdir(os.path.expanduser(model))
+
+
+def resolve_model_path(model: str) -> str:
+    """A local directory must exist; a hub id is refused up front when the hub is offline and not cached."""
+    if is_local_path(model):
+        path = os.path.expanduser(model)
+        if not os.path.isdir(path):
+            raise ConfigError(f"model path {model!r} does not exist")
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise ConfigError(f"model path {model!r} has no config.json: not a Hugging Face model directory")
+        return path
+    return model
+
+
+def load_tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except OSError as error:
+        raise ConfigError(f"cannot load the tokenizer of {model!r}: {str(error).splitlines()[0]}") from None
+
+
+def check_shared_vocabulary(specs: Sequence[StageSpec]):
+    """Refuse a hierarchy whose model stages do not share the target's tokenizer; return the target's."""
+    model_specs = [s for s in specs if s.kind == "hf"]
+    if not model_specs:
+        raise ConfigError("the last stage (the target) must be a model (kind 'hf')")
+    if specs[-1].kind != "hf":
+        raise ConfigError("the last stage (the target) must be a model (kind 'hf'), not prompt_lookup")
+    target = load_tokenizer(specs[-1].model)
+    target_vocab = target.get_vocab()
+    for spec in model_specs[:-1]:
+        if spec.model == specs[-1].model:
+            continue  # the same model (e.g. quantized): same tokenizer by construction
+        vocab = load_tokenizer(spec.model).get_vocab()
+        if vocab != target_vocab:
+            differing = len(set(vocab.items()) ^ set(target_vocab.items()))
+            raise ConfigError(
+                f"stage {spec.label!r} does not share the target's tokenizer: vocabulary sizes "
+                f"{len(vocab)} vs {len(target_vocab)}, {differing} differing entries"
+            )
+    return target
+
+
+def load_model(spec: StageSpec):
+    """Load a stage's model for inference (eval mode, dtype, device, quantization)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(spec.model)
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, spec.dtype)}
+    if spec.quantize == "nf4":
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=getattr(torch, spec.dtype)
+        )
+    if spec.device == "auto":
+        kwargs["device_map"] = "auto"
+    kwargs.update(spec.extra)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as error:
+        raise ConfigError(f"cannot load model {spec.model!r}: {str(error).splitlines()[0]}") from None
+    if "device_map" not in kwargs:
+        model.to(spec.device)
+    model.eval()
+    if spec.quantize == "int8-dynamic":
+        model = quantize_int8_dynamic(model)
+    return model
+
+
+def quantize_int8_dynamic(model):
+    """int8 weights, activations quantized per call (per-channel), for every Linear layer."""
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+
+def eos_token_ids(model_path: str) -> list[int]:
+    """The target's end-of-sequence ids, as its generation config (or config) declares them."""
+    from transformers import AutoConfig, GenerationConfig
+
+    path = resolve_model_path(model_path)
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = AutoConfig.from_pretrained(path).eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def context_length(model_path: str) -> int | None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_model_path(model_path))
+    return getattr(config, "max_position_embeddings", None)
+
+
+class CausalLMRunner:
+    """One sequence of one causal LM: the KV cache and how many tokens it holds."""
+
+    def __init__(self, model):
+        self.model = model
+        self.device = next(model.parameters()).device if any(True for _ in model.parameters()) else "cpu"
+        self.cache = None
+        self.cache_length = 0
+
+    def start(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.cache_length = 0
+
+    def truncate(self, valid_tokens: int) -> None:
+        """Keep the K/V of the first `valid_tokens` tokens only (crop takes a negative count)."""
+        drop = self.cache_length - valid_tokens
+        if drop > 0:
+            self.cache.crop(-drop)
+            self.cache_length = valid_tokens
+
+    def forward(self, sequence: Sequence[int], candidates: Sequence[int]):
+        """Logits after the last committed token and after each candidate: len(candidates) + 1 rows.
+
+        Feeds `sequence[cache_length:] + candidates` at their explicit positions.
+        """
+        import torch
+
+        pending = list(sequence[self.cache_length :])
+        if not pending:
+            raise RuntimeError("the last committed token must not be in the cache yet")
+        fed = pending + list(candidates)
+        input_ids = torch.tensor([fed], dtype=torch.long, device=self.device)
+        positions = torch.arange(self.cache_length, self.cache_length + len(fed), device=self.device)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions.unsqueeze(0),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=len(candidates) + 1,
+            )
+        self.cache_length += len(fed)
+        return out.logits[0].float()
+
+    def cached_length(self) -> int:
+        """The cache's own idea of its length (tests compare it with `cache_length`)."""
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+
+class PromptLookup:
+    """A model-free drafter: continue the latest earlier occurrence of the sequence's last n-gram."""
+
+    def __init__(self, ngram_size: int = 3, max_proposal: int = 8):
+        self.ngram_size = ngram_size
+        self.max_proposal = max_proposal
+
+    def propose(self, sequence: Sequence[int], limit: int) -> list[int]:
+        limit = min(limit, self.max_proposal)
+        if limit <= 0:
+            return []
+        for n in range(min(self.ngram_size, len(sequence) - 1), 0, -1):
+            tail = list(sequence[-n:])
+            # search right to left for the latest earlier match
+            for start in range(len(sequence) - n - 1, -1, -1):
+                if list(sequence[start : start + n]) == tail:
+                    follow = list(sequence[start + n : start + n + limit])
+                    if follow:
+                        return follow
+        return []

@@ -1,0 +1,77 @@
+"""Control messages between the driver and the stage processes, over torch.distributed (gloo).
+
+Each message is a small picklable tuple, sent as two gloo tensors: its length,
+then its bytes. A gloo `irecv` reports completion only after `wait()`, so one
+receiver thread per peer blocks in `recv` and puts what arrives into an inbox
+queue; the owner waits on that queue with a timeout and never spins.
+
+The process group is created from its own TCPStore (not the global default
+group), so a process may drive several pipelines one after another.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import queue
+import threading
+import time
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+# Put in the inbox when the link to a peer breaks (the peer died or closed).
+LINK_BROKEN = "link_broken"
+
+
+class GlooTransport:
+    def __init__(self, rank: int, world_size: int, host: str, port: int, peers: Iterable[int], timeout_s: float):
+        self.rank = rank
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
+        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        self.inbox: "queue.Queue[tuple[int, Any]]" = queue.Queue()
+        self.closed = False
+        self.bytes_sent = 0
+        self.send_time_s = 0.0
+        for peer in peers:
+            threading.Thread(target=self._receive_from, args=(peer,), daemon=True, name=f"recv-{peer}").start()
+
+    def send(self, peer: int, message: Any) -> None:
+        started = time.perf_counter()
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        length = torch.tensor([len(payload)], dtype=torch.int64)
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        self.group.send([length], peer, 0).wait()
+        self.group.send([data], peer, 0).wait()
+        self.bytes_sent += len(payload)
+        self.send_time_s += time.perf_counter() - started
+
+    def _receive_from(self, peer: int) -> None:
+        try:
+            while not self.closed:
+                length = torch.empty(1, dtype=torch.int64)
+                self.group.recv([length], peer, 0).wait()
+                data = torch.empty(int(length.item()), dtype=torch.uint8)
+                self.group.recv([data], peer, 0).wait()
+                self.inbox.put((peer, pickle.loads(data.numpy().tobytes())))
+        except Exception as error:  # the peer died or the group was torn down
+            if not self.closed:
+                self.inbox.put((peer, (LINK_BROKEN, str(error).splitlines()[0] if str(error) else repr(error))))
+
+    def receive(self, timeout_s: float) -> tuple[int, Any] | None:
+        """The next message as (sender rank, message), or None after `timeout_s` seconds."""
+        try:
+            return self.inbox.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def receive_nowait(self) -> tuple[int, Any] | None:
+        try:
+            return self.inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        self.closed = True
