@@ -142,7 +142,10 @@ class Pipeline:
         deadline = time.monotonic() + self.start_timeout_s
         while thread.is_alive():
             thread.join(0.1)
-            self._check_processes()
+            if any(p.exitcode is not None for p in self.processes):
+                self._kill()
+                codes = {self.names[i]: p.exitcode for i, p in enumerate(self.processes) if p.exitcode is not None}
+                raise StageError(f"stage processes exited while starting: {codes}")
             if time.monotonic() > deadline:
                 self._kill()
                 raise StageError(f"stage processes did not connect within {self.start_timeout_s:.0f} s")
@@ -185,19 +188,47 @@ class Pipeline:
 
     # ---- failures ---------------------------------------------------------
     def _check_processes(self) -> None:
-        for i, process in enumerate(self.processes):
-            if process.exitcode is not None and process.exitcode != 0:
-                self._fail(f"stage {self.names[i]} died (exit code {process.exitcode})")
-            if process.exitcode == 0 and self.started:
-                self._fail(f"stage {self.names[i]} exited unexpectedly")
+        if any(p.exitcode is not None for p in self.processes):
+            self._diagnose_and_fail([])
 
-    def _fail(self, reason: str, detail: str | None = None):
+    def _diagnose_and_fail(self, errors: list[tuple]) -> None:
+        """Find the root cause among stage reports and process deaths, shut down, raise StageError."""
+        from pipespec.transport import LINK_BROKEN
+
+        # a failing stage takes its neighbours' links down too: let their reports arrive, then choose
+        settle = time.monotonic() + 0.5
+        while time.monotonic() < settle and self.transport is not None:
+            item = self.transport.receive(0.05)
+            if item is not None and item[1][0] == "error":
+                errors.append(item[1])
+        for process in self.processes:
+            process.join(0.3)  # a stage that lost a link exits within POLL_S; its exit code tells the story
+        reported = {e[1] for e in errors}
+        causes = [e for e in errors if "lost the link" not in e[2]]
+        # a stage that reports its error exits with 1; any other exit code is a death without a report
+        silent_deaths = [
+            i for i, p in enumerate(self.processes) if p.exitcode not in (None, 0, 1) and i not in reported
+        ]
+        if causes:
+            _, index, text, detail = causes[0]
+            reason, detail = f"stage {self.names[index]} failed: {text}", detail
+        elif silent_deaths:
+            index = silent_deaths[0]
+            code = self.processes[index].exitcode
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            reason, detail = f"stage {self.names[index]} died ({how})", None
+        elif errors:
+            _, index, text, detail = errors[0]
+            reason = f"stage {self.names[index]} failed: {text}"
+        else:
+            index = next(i for i, p in enumerate(self.processes) if p.exitcode is not None)
+            reason, detail = f"stage {self.names[index]} exited unexpectedly (exit code {self.processes[index].exitcode})", None
         self.close()
         error = StageError(reason)
         error.detail = detail
         raise error
 
-    def _receive(self, deadline: float, doing: str) -> tuple[int, tuple]:
+    def _receive(self, deadline: float, doing: str, waiting_for=lambda: "the stages") -> tuple[int, tuple]:
         """The next message for the driver; stage errors, deaths and the deadline raise StageError."""
         from pipespec.transport import LINK_BROKEN
 
@@ -206,23 +237,14 @@ class Pipeline:
             if item is None:
                 self._check_processes()
                 if time.monotonic() > deadline:
-                    self._fail(f"no answer from the stages within the time limit while {doing}")
+                    self.close()
+                    raise StageError(f"no answer from {waiting_for()} while {doing}: stopped responding")
                 continue
             sender, message = item
             if message[0] == "error":
-                errors = [message]
-                # a failing stage takes its neighbours' links down too: prefer the root cause
-                settle = time.monotonic() + 0.3
-                while time.monotonic() < settle:
-                    more = self.transport.receive(0.05)
-                    if more is not None and more[1][0] == "error":
-                        errors.append(more[1])
-                root = next((e for e in errors if "lost the link" not in e[2]), errors[0])
-                self._fail(f"stage {self.names[root[1]]} failed: {root[2]}", root[3])
+                self._diagnose_and_fail([message])
             if message[0] == LINK_BROKEN:
-                time.sleep(0.2)  # let the process finish dying so its exit code is known
-                self._check_processes()
-                self._fail(f"lost the link to stage {self.names[sender - 1]}: {message[1]}")
+                self._diagnose_and_fail([("error", sender - 1, f"lost the link: {message[1]}", None)])
             return sender, message
 
     # ---- generation -------------------------------------------------------
@@ -272,16 +294,26 @@ class Pipeline:
         )
         active = [i for i, role in enumerate(stage_roles) if role.active]
         started = time.perf_counter()
+        self._check_processes()
         for i in active:
-            self.transport.send(i + 1, ("generate", job))
+            try:
+                self.transport.send(i + 1, ("generate", job))
+            except ConnectionError as error:
+                self._diagnose_and_fail([("error", i, str(error), None)])
         deadline = time.monotonic() + (timeout_s or float("inf"))
         traces: dict[int, StageTrace] = {}
         output = None
         while output is None or len(traces) < len(active):
-            _, message = self._receive(deadline, f"generating (request {job.request})")
+            _, message = self._receive(
+                deadline,
+                f"generating (request {job.request})",
+                lambda: ", ".join(f"stage {self.names[i]}" for i in active if i not in traces),
+            )
             if message[0] == "result" and message[2] == job.request:
                 output = message[3]
                 elapsed = time.perf_counter() - started
+                # every stage reports at once when told the target is done; one that does not is stuck
+                deadline = min(deadline, time.monotonic() + self.stall_timeout_s)
             elif message[0] == "trace" and message[2] == job.request:
                 traces[message[1]] = StageTrace.from_dict(message[3])
         return GenerationResult(

@@ -23,6 +23,8 @@ def model_step(runner: CausalLMRunner, sequence: Sequence[int], drafts: Sequence
     logits = runner.forward(sequence, drafts)
     accepted, own_token = greedy_verify(drafts, logits)
     runner.truncate(len(sequence) + accepted)
+    if runner.cached_length() != runner.cache_length:  # cheap guard against off-by-one rollbacks
+        raise RuntimeError(f"KV cache holds {runner.cached_length()} tokens, expected {runner.cache_length}")
     return accepted, own_token, fed
 
 

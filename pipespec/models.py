@@ -181,10 +181,14 @@ def load_model(spec: StageSpec):
 
 def quantize_int8_dynamic(model):
     """int8 weights, activations quantized per call (per-channel), for every Linear layer."""
+    import warnings
+
     import torch
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantiz.*deprecated", category=UserWarning)
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
 def eos_token_ids(model_path: str) -> list[int]:

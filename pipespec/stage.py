@@ -218,8 +218,10 @@ class StageRequest:
                 self.publish(more_coming=payload)
                 message = receive(self.job.stall_timeout_s)
                 if message is None:
+                    neighbour = self.index - 1 if payload else self.index + 1  # waiting for drafts, or for a commit
                     raise StageFailure(
-                        f"stage {self.name} waited {self.job.stall_timeout_s:.0f} s without a message from its neighbours"
+                        f"stage {self.name} waited {self.job.stall_timeout_s:.0f} s for stage "
+                        f"{self.job.stage_names[neighbour]}: it stopped responding"
                     )
                 self.handle(message)
                 continue

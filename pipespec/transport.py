@@ -25,6 +25,10 @@ import torch.distributed as dist
 LINK_BROKEN = "link_broken"
 
 
+class LinkLost(ConnectionError):
+    """Sending to a peer failed: it died or closed its end."""
+
+
 class GlooTransport:
     def __init__(self, rank: int, world_size: int, host: str, port: int, peers: Iterable[int], timeout_s: float):
         self.rank = rank
@@ -43,8 +47,11 @@ class GlooTransport:
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         length = torch.tensor([len(payload)], dtype=torch.int64)
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        self.group.send([length], peer, 0).wait()
-        self.group.send([data], peer, 0).wait()
+        try:
+            self.group.send([length], peer, 0).wait()
+            self.group.send([data], peer, 0).wait()
+        except RuntimeError as error:  # gloo's message for a dead peer is long: keep its first line
+            raise LinkLost(f"lost the link to rank {peer}: {str(error).splitlines()[0][:200]}") from None
         self.bytes_sent += len(payload)
         self.send_time_s += time.perf_counter() - started
 

@@ -1,0 +1,227 @@
+"""The central test: every strategy is token-identical to greedy decoding of the target."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+
+from pipespec.api import Pipeline, StageError
+from pipespec.decoding import greedy_generate, model_step
+from pipespec.models import CausalLMRunner, ConfigError, StageSpec, load_model
+from pipespec.testing import build_tiny_hierarchy, random_prompts, set_eos
+from pipespec.verify import greedy_verify
+
+NOISE = {"low": 0.3, "medium": 0.05, "high": 0.005}  # draft weight noise: agreement low / medium / high
+LOOKAHEADS = (0, 1, 4, 8)
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    paths = build_tiny_hierarchy(tmp_path_factory.mktemp("tiny"), [NOISE["low"], NOISE["medium"], NOISE["high"]])
+    return dict(zip(["low", "medium", "high", "target"], paths))
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    # 20 prompts of varied lengths
+    return [p[: 4 + (i % 5) * 4] for i, p in enumerate(random_prompts(20, length=24, seed=7))]
+
+
+@pytest.fixture(scope="session")
+def reference(tiny, prompts):
+    torch.set_num_threads(1)
+    runner = CausalLMRunner(load_model(StageSpec(model=tiny["target"])))
+    return [greedy_generate(runner, p, MAX_NEW, [1]) for p in prompts]
+
+
+HIERARCHIES = {
+    "k2-low": ["low"],
+    "k2-medium": ["medium"],
+    "k2-high": ["high"],
+    "k3-low-medium": ["low", "medium"],
+    "k3-medium-high": ["medium", "high"],
+    "k4-low-medium-high": ["low", "medium", "high"],
+}
+
+
+@pytest.mark.parametrize("hierarchy", list(HIERARCHIES))
+def test_all_strategies_identical_to_greedy(hierarchy, tiny, prompts, reference):
+    stages = [tiny[d] for d in HIERARCHIES[hierarchy]] + [tiny["target"]]
+    with Pipeline(stages, strategy="pipespec") as pipe:
+        for prompt, expected in zip(prompts, reference):
+            assert pipe.generate(prompt, MAX_NEW, strategy="greedy").tokens == expected
+        for strategy in ("sd", "pipespec"):
+            for lookahead in LOOKAHEADS:
+                for i, (prompt, expected) in enumerate(zip(prompts, reference)):
+                    result = pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=lookahead)
+                    assert result.tokens == expected, (strategy, lookahead, i)
+                    summary = result.summary()
+                    assert len(summary) == len(stages)
+                    if lookahead > 0:
+                        assert summary[-1]["verify_steps"] > 0
+
+
+def test_acceptance_follows_draft_agreement(tiny, prompts):
+    rates = {}
+    with Pipeline([tiny["low"], tiny["high"], tiny["target"]], strategy="sd", lookahead=4) as pipe:
+        results = [pipe.generate(p, MAX_NEW) for p in prompts[:5]]
+    offered = [sum(r.summary()[i]["offered"] for r in results) for i in (1, 2)]
+    accepted = [sum(r.summary()[i]["accepted"] for r in results) for i in (1, 2)]
+    rates = [a / o for a, o in zip(accepted, offered)]
+    assert rates[1] > 0.6 > rates[0], rates  # high-agreement pair accepts far more than the low one
+
+
+def test_eos_and_budget_exactly_as_greedy(tiny, prompts, tmp_path):
+    paths = build_tiny_hierarchy(tmp_path, [NOISE["medium"], NOISE["high"]])
+    runner = CausalLMRunner(load_model(StageSpec(model=paths[-1])))
+    first = greedy_generate(runner, prompts[0], MAX_NEW, [])
+    eos = first[6]  # a token greedy really emits mid-way
+    set_eos(paths, eos)
+    runner = CausalLMRunner(load_model(StageSpec(model=paths[-1])))
+    with Pipeline(paths) as pipe:
+        assert pipe.eos_ids == [eos]
+        ended_early = 0
+        for prompt in prompts[:8]:
+            for budget in (1, 2, 7, MAX_NEW):
+                expected = greedy_generate(runner, prompt, budget, [eos])
+                ended_early += expected[-1] == eos and len(expected) < budget
+                for strategy, lookahead in (("greedy", 0), ("sd", 4), ("pipespec", 0), ("pipespec", 8)):
+                    got = pipe.generate(prompt, budget, strategy=strategy, lookahead=lookahead).tokens
+                    assert got == expected, (strategy, lookahead, budget)
+        assert ended_early > 0
+
+
+def test_twenty_calls_on_one_pipeline(tiny, prompts, reference):
+    with Pipeline([tiny["medium"], tiny["high"], tiny["target"]], strategy="pipespec", lookahead=1) as pipe:
+        outputs = [pipe.generate(prompts[i % 5], MAX_NEW).tokens for i in range(20)]
+    assert outputs == [reference[i % 5] for i in range(20)]
+
+
+def test_cache_rollback_is_exact(tiny, prompts):
+    """After verify + rollback the cache holds exactly the committed tokens at the right positions."""
+    torch.set_num_threads(1)
+    model = load_model(StageSpec(model=tiny["target"]))
+    runner = CausalLMRunner(model)
+    runner.start()
+    sequence = list(prompts[3])
+    truth = greedy_generate(CausalLMRunner(model), sequence, 6, [])
+    drafts = truth[:3] + [(truth[3] + 1) % 256, 5, 6]  # three right, then wrong
+    accepted, own, fed = model_step(runner, sequence, drafts)
+    assert (accepted, own) == (3, truth[3])
+    assert fed == len(sequence) + len(drafts)
+    assert runner.cache_length == runner.cached_length() == len(sequence) + 3
+    # the next step from the cache equals a fresh forward over the whole committed sequence
+    committed = sequence + truth[:4]
+    logits = runner.forward(committed, [])
+    fresh = model(torch.tensor([committed])).logits[0, -1]
+    torch.testing.assert_close(logits[0], fresh, rtol=1e-4, atol=1e-4)
+    # a rollback of two tokens (as a verifier downstream would order) then a step
+    runner.truncate(len(sequence) + 2)
+    assert runner.cached_length() == len(sequence) + 2
+    logits = runner.forward(sequence + truth[:3], [])
+    fresh = model(torch.tensor([sequence + truth[:3]])).logits[0, -1]
+    torch.testing.assert_close(logits[0], fresh, rtol=1e-4, atol=1e-4)
+
+
+def test_verify_rule():
+    logits = torch.zeros(4, 10)
+    for row, token in enumerate([3, 4, 5, 6]):
+        logits[row, token] = 1.0
+    assert greedy_verify([3, 4, 5], logits) == (3, 6)  # all accepted + bonus
+    assert greedy_verify([3, 9, 5], logits) == (1, 4)  # correction at the first mismatch
+    assert greedy_verify([], logits[:1]) == (0, 3)
+    with pytest.raises(ValueError):
+        greedy_verify([3], logits)
+
+
+def _stage_processes_gone(pids, within_s=5.0):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("action", ["raise", "exit"])
+@pytest.mark.parametrize("strategy", ["sd", "pipespec"])
+def test_failing_stage_ends_the_run_with_its_name(tiny, prompts, reference, stage, action, strategy):
+    pipe = Pipeline([tiny["medium"], tiny["high"], tiny["target"]], strategy=strategy, lookahead=2)
+    pipe.start()
+    pids = list(pipe.pids)
+    started = time.monotonic()
+    with pytest.raises(StageError) as error:
+        pipe.generate(prompts[0], MAX_NEW, fault={"stage": stage, "after_steps": 2, "action": action})
+    assert time.monotonic() - started < 10
+    assert f"stage {stage}:" in str(error.value)
+    assert _stage_processes_gone(pids)
+    # the next run in the same process works
+    with Pipeline([tiny["high"], tiny["target"]]) as pipe:
+        assert pipe.generate(prompts[1], MAX_NEW).tokens == reference[1]
+
+
+def test_killed_stage_process_gives_an_error_quickly(tiny, prompts):
+    pipe = Pipeline([tiny["medium"], tiny["high"], tiny["target"]])
+    pipe.start()
+    pids = list(pipe.pids)
+    os.kill(pids[1], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(StageError, match="stage 1:"):
+        pipe.generate(prompts[0], MAX_NEW)
+    assert time.monotonic() - started < 10
+    assert _stage_processes_gone(pids)
+
+
+@pytest.mark.parametrize("strategy", ["sd", "pipespec"])
+def test_hanging_stage_is_detected(tiny, prompts, strategy):
+    pipe = Pipeline([tiny["high"], tiny["target"]], strategy=strategy, lookahead=4, stall_timeout_s=3)
+    started = time.monotonic()
+    with pytest.raises(StageError, match="stage 0:.*stopped responding"):
+        pipe.generate(prompts[0], MAX_NEW, fault={"stage": 0, "after_steps": 1, "action": "hang"})
+    assert time.monotonic() - started < 10
+    assert _stage_processes_gone(pipe.pids)
+
+
+def test_mismatched_tokenizers_refused_before_start(tiny, tmp_path):
+    from pipespec.testing import make_tokenizer
+
+    other = build_tiny_hierarchy(tmp_path, [])[0]
+    make_tokenizer(300).save_pretrained(other)
+    with pytest.raises(ConfigError, match="does not share the target's tokenizer"):
+        Pipeline([other, tiny["target"]])
+
+
+@pytest.mark.parametrize(
+    "stages, options, message",
+    [
+        (["/nonexistent/model"], {"strategy": "greedy"}, "does not exist"),
+        ([{"model": "TARGET", "dtype": "float8"}], {"strategy": "greedy"}, "dtype"),
+        ([{"model": "TARGET", "device": "tpu"}], {"strategy": "greedy"}, "device"),
+        ([{"model": "TARGET", "device": "cuda:3"}], {"strategy": "greedy"}, "not present"),
+        (["TARGET"], {"strategy": "sd"}, "at least 2 stages"),
+        (["TARGET", "TARGET"], {"lookahead": -1}, "lookahead"),
+        (["TARGET", "TARGET"], {"strategy": "beam"}, "strategy"),
+        (["TARGET", "prompt_lookup"], {}, "target"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(tiny, stages, options, message):
+    stages = [tiny["target"] if s == "TARGET" else s for s in stages]
+    stages = [{**s, "model": tiny["target"]} if isinstance(s, dict) else s for s in stages]
+    with pytest.raises(ConfigError, match=message):
+        Pipeline(stages, **options)
+
+
+def test_bad_generate_arguments(tiny):
+    pipe = Pipeline([tiny["high"], tiny["target"]])
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        pipe.generate([5, 6], 0)
+    with pytest.raises(ConfigError, match="context"):
+        pipe.generate([5] * 500, 20)
+    with pytest.raises(ConfigError, match="vocabulary"):
+        pipe.generate([5, 9999], 4)
+    assert not pipe.started  # nothing was started for a refused call
