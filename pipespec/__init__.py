@@ -1,1 +1,18 @@
-"""pipespec: hierarchical speculative decoding (greedy, synchronous chain SD, PipeSpec)."""
+"""pipespec: hierarchical speculative decoding (greedy, synchronous chain SD, PipeSpec).
+
+`from pipespec import Pipeline` gives the Python API; the package imports no torch until used.
+"""
+
+__all__ = ["Pipeline", "GenerationResult", "StageError", "ConfigError", "StageSpec"]
+
+
+def __getattr__(name):
+    if name in ("Pipeline", "GenerationResult", "StageError"):
+        from pipespec import api
+
+        return getattr(api, name)
+    if name in ("ConfigError", "StageSpec"):
+        from pipespec import models
+
+        return getattr(models, name)
+    raise AttributeError(name)

@@ -147,9 +147,12 @@ def _stage_processes_gone(pids, within_s=5.0):
     return False
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
-@pytest.mark.parametrize("action", ["raise", "exit"])
-@pytest.mark.parametrize("strategy", ["sd", "pipespec"])
+# first, middle and last stage; a raised exception and a process that dies; both strategies
+FAULTS = [("sd", "raise", 0), ("sd", "exit", 1), ("sd", "raise", 2), ("pipespec", "exit", 0),
+          ("pipespec", "raise", 1), ("pipespec", "exit", 2)]
+
+
+@pytest.mark.parametrize("strategy, action, stage", FAULTS)
 def test_failing_stage_ends_the_run_with_its_name(tiny, prompts, reference, stage, action, strategy):
     pipe = Pipeline([tiny["medium"], tiny["high"], tiny["target"]], strategy=strategy, lookahead=2)
     pipe.start()
