@@ -77,7 +77,14 @@ class Pipeline:
         *,
         start_timeout_s: float = 600.0,
         stall_timeout_s: float = 30.0,
+        launch: str = "local",
+        address: str | None = None,
     ):
+        if launch not in ("local", "external"):
+            raise ConfigError(f"launch must be 'local' or 'external', got {launch!r}")
+        if launch == "external" and (not address or ":" not in address):
+            raise ConfigError("launch='external' needs address='HOST:PORT' (where this driver, rank 0, listens)")
+        self.launch, self.address = launch, address
         self.specs = [StageSpec.from_any(s) for s in stages]
         check_options(strategy, len(self.specs), lookahead, max_lead)
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
@@ -114,26 +121,32 @@ class Pipeline:
 
         if self.started:
             return
-        port = _free_port()
         n = len(self.specs)
-        ctx = _context()
-        self.processes = [
-            ctx.Process(
-                target=stage_process_main,
-                args=(i, spec, n, HOST, port, self.start_timeout_s),
-                name=f"pipespec-stage-{i}",
-                daemon=True,
-            )
-            for i, spec in enumerate(self.specs)
-        ]
-        for process in self.processes:
-            process.start()
+        if self.launch == "external":
+            # stage ranks 1..k are started elsewhere (`python -m pipespec.stage`, e.g. under torchrun)
+            host, port = self.address.rsplit(":", 1)
+            port = int(port)
+            self.processes = []
+        else:
+            host, port = HOST, _free_port()
+            ctx = _context()
+            self.processes = [
+                ctx.Process(
+                    target=stage_process_main,
+                    args=(i, spec, n, host, port, self.start_timeout_s),
+                    name=f"pipespec-stage-{i}",
+                    daemon=True,
+                )
+                for i, spec in enumerate(self.specs)
+            ]
+            for process in self.processes:
+                process.start()
         # the group's rendezvous blocks until every stage joins: do it aside and watch the processes
         box: dict[str, Any] = {}
 
         def connect():
             try:
-                box["transport"] = GlooTransport(0, n + 1, HOST, port, range(1, n + 1), self.start_timeout_s)
+                box["transport"] = GlooTransport(0, n + 1, host, port, range(1, n + 1), self.start_timeout_s)
             except Exception as error:
                 box["error"] = error
 

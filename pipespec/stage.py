@@ -342,3 +342,37 @@ def stage_process_main(index: int, spec: StageSpec, n_stages: int, host: str, po
         if transport is not None:
             transport.close()
         os._exit(exit_code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one stage rank started by an external launcher (torchrun, a job script, another machine).
+
+    Reads RANK (1..k; rank 0 is the driver: `Pipeline(..., launch="external", address=...)`),
+    WORLD_SIZE (k + 1), MASTER_ADDR and MASTER_PORT (the driver's address), and the stage
+    list as JSON: the same list given to the driver's Pipeline.
+    """
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--stages", required=True, help="JSON file: the list of stages, smallest first")
+    parser.add_argument("--timeout-s", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    rank, world = int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1))
+    with open(args.stages) as f:
+        specs = [StageSpec.from_any(s) for s in json.load(f)]
+    if world != len(specs) + 1 or not 1 <= rank <= len(specs):
+        print(
+            f"error: need WORLD_SIZE={len(specs) + 1} (driver + {len(specs)} stages) and RANK in 1..{len(specs)}; "
+            f"got RANK={rank} WORLD_SIZE={world}",
+            file=sys.stderr,
+        )
+        return 2
+    stage_process_main(
+        rank - 1, specs[rank - 1], len(specs), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), args.timeout_s
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -228,3 +228,33 @@ def test_bad_generate_arguments(tiny):
     with pytest.raises(ConfigError, match="vocabulary"):
         pipe.generate([5, 9999], 4)
     assert not pipe.started  # nothing was started for a refused call
+
+
+def test_stages_started_by_an_external_launcher(tiny, prompts, reference, tmp_path):
+    """The torchrun path: stage ranks are separate programs that find the driver by address."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    stages = [tiny["medium"], tiny["high"], tiny["target"]]
+    (tmp_path / "stages.json").write_text(json.dumps(stages))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    launched = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipespec.stage", "--stages", str(tmp_path / "stages.json")],
+            env={**env, "RANK": str(rank)},
+        )
+        for rank in (1, 2, 3)
+    ]
+    try:
+        with Pipeline(stages, launch="external", address=f"127.0.0.1:{port}") as pipe:
+            for strategy in ("sd", "pipespec"):
+                assert pipe.generate(prompts[2], MAX_NEW, strategy=strategy, lookahead=2).tokens == reference[2]
+        assert [p.wait(timeout=10) for p in launched] == [0, 0, 0]  # shut down with the pipeline
+    finally:
+        for p in launched:
+            p.kill()
