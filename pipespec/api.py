@@ -166,13 +166,15 @@ class Pipeline:
             self._kill()
             raise StageError(f"could not connect to the stage processes: {box['error']}")
         self.transport = box["transport"]
-        ready = set()
+        ready: set[int] = set()
+        pids: dict[int, int] = {}
         try:
             while len(ready) < n:
                 sender, message = self._receive(deadline, "starting")
                 if message[0] == "ready":
                     ready.add(message[1])
-                    self.pids.append(message[2])
+                    pids[message[1]] = message[2]
+            self.pids = [pids[i] for i in range(n)]  # by stage index
         except BaseException:
             self.close()
             raise
@@ -184,7 +186,7 @@ class Pipeline:
                     self.transport.send(rank, ("shutdown",))
                 except Exception:
                     pass
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 2.0  # then kill: a stuck stage must not hold up the error
         for process in self.processes:
             process.join(max(deadline - time.monotonic(), 0.0))
         self._kill()

@@ -183,6 +183,7 @@ def test_killed_stage_process_gives_an_error_quickly(tiny, prompts):
 @pytest.mark.parametrize("strategy", ["sd", "pipespec"])
 def test_hanging_stage_is_detected(tiny, prompts, strategy):
     pipe = Pipeline([tiny["high"], tiny["target"]], strategy=strategy, lookahead=4, stall_timeout_s=3)
+    pipe.start()
     started = time.monotonic()
     with pytest.raises(StageError, match="stage 0:.*stopped responding"):
         pipe.generate(prompts[0], MAX_NEW, fault={"stage": 0, "after_steps": 1, "action": "hang"})
