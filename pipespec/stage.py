@@ -340,7 +340,7 @@ def stage_process_main(index: int, spec: StageSpec, n_stages: int, host: str, po
                 pass
     finally:
         if transport is not None:
-            transport.close()
+            transport.close(wait_s=0.0)  # os._exit follows: nothing to wait for
         os._exit(exit_code)
 
 

@@ -39,8 +39,12 @@ class GlooTransport:
         self.closed = False
         self.bytes_sent = 0
         self.send_time_s = 0.0
-        for peer in peers:
-            threading.Thread(target=self._receive_from, args=(peer,), daemon=True, name=f"recv-{peer}").start()
+        self.threads = [
+            threading.Thread(target=self._receive_from, args=(peer,), daemon=True, name=f"recv-{peer}")
+            for peer in peers
+        ]
+        for thread in self.threads:
+            thread.start()
 
     def send(self, peer: int, message: Any) -> None:
         started = time.perf_counter()
@@ -80,5 +84,12 @@ class GlooTransport:
         except queue.Empty:
             return None
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 2.0) -> None:
+        """Stop receiving. Once the peers are gone their receiver threads end; wait for them, so that
+        no thread is inside gloo when the interpreter exits (that aborts the process)."""
         self.closed = True
+        deadline = time.monotonic() + wait_s
+        for thread in self.threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        if not any(thread.is_alive() for thread in self.threads):
+            self.group = None  # destroy the group while no operation is pending
