@@ -208,8 +208,6 @@ class Pipeline:
 
     def _diagnose_and_fail(self, errors: list[tuple]) -> None:
         """Find the root cause among stage reports and process deaths, shut down, raise StageError."""
-        from pipespec.transport import LINK_BROKEN
-
         # a failing stage takes its neighbours' links down too: let their reports arrive, then choose
         settle = time.monotonic() + 0.5
         while time.monotonic() < settle and self.transport is not None:

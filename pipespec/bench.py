@@ -15,8 +15,6 @@ import os
 import sys
 from statistics import median
 
-from pipespec.trace import format_summary, summarize
-
 
 def humaneval_prompts(n: int) -> list[str]:
     from pipespec.data import load_dataset
@@ -54,10 +52,8 @@ def run(models: str, samples: int, max_new_tokens: int, sd_lookahead: int, pipes
             f"{identical:>8}/{len(runs)}"
         )
     for name, _ in systems[1:]:
-        traces = [r.stage_traces for r in results[name]]
-        pooled = [summarize(t, len(r.tokens)) for t, r in zip(traces, results[name])]
         print(f"\n{name}: per-stage trace summary (first prompt)")
-        print(format_summary(pooled[0]))
+        print(results[name][0].format_summary())
     return results
 
 

@@ -12,7 +12,6 @@ from typing import Any
 from pipespec.models import ConfigError, StageSpec
 
 CONF_MODELS = Path(__file__).resolve().parent.parent / "conf" / "models"
-LOCAL_ALIASES = ("smollm2",)
 
 
 def available() -> list[str]:

@@ -65,7 +65,6 @@ def prepare_smollm2(force: bool = False, quiet: bool = False) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # a GGUF-loaded model remembers its quantizer; without clearing both, the saved copy needs gguf to load
-    model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None

@@ -66,7 +66,6 @@ def test_all_strategies_identical_to_greedy(hierarchy, tiny, prompts, reference)
 
 
 def test_acceptance_follows_draft_agreement(tiny, prompts):
-    rates = {}
     with Pipeline([tiny["low"], tiny["high"], tiny["target"]], strategy="sd", lookahead=4) as pipe:
         results = [pipe.generate(p, MAX_NEW) for p in prompts[:5]]
     offered = [sum(r.summary()[i]["offered"] for r in results) for i in (1, 2)]
