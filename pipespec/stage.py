@@ -333,6 +333,7 @@ def stage_process_main(index: int, spec: StageSpec, n_stages: int, host: str, po
         pass
     except BaseException as error:  # report, then exit: the stage's state is unknown
         exit_code = 1
+        print(f"pipespec stage {index} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         if transport is not None:
             try:
                 transport.send(0, ("error", index, _describe(error), traceback.format_exc()))

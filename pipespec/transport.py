@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 # Put in the inbox when the link to a peer breaks (the peer died or closed).
 LINK_BROKEN = "link_broken"
+IDLE_LINK_TIMEOUT = datetime.timedelta(days=365)
 
 
 class LinkLost(ConnectionError):
@@ -34,7 +35,10 @@ class GlooTransport:
         self.rank = rank
         timeout = datetime.timedelta(seconds=timeout_s)
         self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
-        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        # gloo's timeout also ends a receive that waits longer than it, and a link can rightly stay quiet
+        # for the pipeline's whole life (nothing flows from the first stage to the target): it must not
+        # expire. Dead peers still fail at once (closed sockets); hangs are caught by the stall timeouts.
+        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, IDLE_LINK_TIMEOUT)
         self.inbox: "queue.Queue[tuple[int, Any]]" = queue.Queue()
         self.closed = False
         self.bytes_sent = 0

@@ -258,3 +258,12 @@ def test_stages_started_by_an_external_launcher(tiny, prompts, reference, tmp_pa
     finally:
         for p in launched:
             p.kill()
+
+
+def test_quiet_links_outlive_the_start_timeout(tiny, prompts, reference):
+    """No message ever flows from the first stage to the target: that link must not time out.
+    (gloo's group timeout once ended such a receive after start_timeout_s, killing long runs.)"""
+    with Pipeline([tiny["medium"], tiny["high"], tiny["target"]], start_timeout_s=8) as pipe:
+        assert pipe.generate(prompts[0], MAX_NEW).tokens == reference[0]
+        time.sleep(10)
+        assert pipe.generate(prompts[1], MAX_NEW, strategy="sd", lookahead=2).tokens == reference[1]
