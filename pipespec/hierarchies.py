@@ -1,40 +1,83 @@
 """Named model hierarchies, read from `conf/models/*.yaml` (the one place they are defined).
 
-A stage whose `model` is `smollm2` gets the directory `pipespec.prepare` builds
-offline from the SmolLM2 PyPI package (prepared on first use).
+Two model aliases need no hub: `smollm2` is the directory `pipespec.prepare`
+builds offline from the SmolLM2 PyPI package, and `tiny:NAME` a tiny random
+LLaMA from `pipespec.testing` (`tiny:target`, `tiny:draft_noise0.3`,
+`tiny:draft_noise0.05`), built into the cache on first use in a second.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from pipespec.models import ConfigError, StageSpec
 
 CONF_MODELS = Path(__file__).resolve().parent.parent / "conf" / "models"
+TINY_DRAFT_NOISE = (0.3, 0.05)  # the tiny drafts, in build order (their weights depend on it)
 
 
 def available() -> list[str]:
     return sorted(p.stem for p in CONF_MODELS.glob("*.yaml"))
 
 
-def resolve_stage(stage: dict[str, Any]) -> StageSpec:
-    stage = dict(stage)
-    if stage.get("model") == "smollm2":
-        from pipespec.prepare import prepare_smollm2
+def tiny_model_dir(name: str) -> Path:
+    """Directory of a `tiny:NAME` model, building the tiny hierarchy atomically on first use."""
+    from pipespec.prepare import cache_root
 
-        stage["model"] = str(prepare_smollm2())
-    return StageSpec.from_any(stage)
+    names = {"target": "target"}
+    names.update({f"draft_noise{noise}": f"draft{i}_noise{noise}" for i, noise in enumerate(TINY_DRAFT_NOISE)})
+    if name not in names:
+        raise ConfigError(f"unknown tiny model 'tiny:{name}'; available: {sorted('tiny:' + n for n in names)}")
+    root = cache_root() / "models" / "tiny"
+    if not (root / "target" / "config.json").exists():
+        from pipespec.testing import build_tiny_hierarchy
+
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root.parent))
+        try:
+            build_tiny_hierarchy(staging, TINY_DRAFT_NOISE, seed=0)
+            if not root.exists():
+                os.replace(staging, root)  # readers never see a half-built directory
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return root / names[name]
 
 
-def load_hierarchy(name: str) -> list[StageSpec]:
+def resolve_stage(stage: StageSpec | str | Mapping[str, Any], check_devices: bool = True) -> StageSpec:
+    if isinstance(stage, Mapping):
+        stage = dict(stage)
+        model = str(stage.get("model") or "")
+        if model == "smollm2":
+            from pipespec.prepare import prepare_smollm2
+
+            stage["model"] = str(prepare_smollm2())
+        elif model.startswith("tiny:"):
+            stage["model"] = str(tiny_model_dir(model.partition(":")[2]))
+    return StageSpec.from_any(stage, check_devices)
+
+
+def resolve_stages(stages: Sequence[StageSpec | str | Mapping[str, Any]], check_devices: bool = True) -> list[StageSpec]:
+    """Stage specs from a config list; `check_devices=False` (plan mode) accepts GPUs this machine lacks."""
+    if not stages:
+        raise ConfigError("models.stages is empty: list the stages, smallest drafter first, target last")
+    return [resolve_stage(s, check_devices) for s in stages]
+
+
+def read_hierarchy(name: str) -> dict[str, Any]:
     import yaml
 
     path = CONF_MODELS / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"unknown model hierarchy {name!r}; available: {available()}")
     data = yaml.safe_load(path.read_text())
-    stages = data.get("stages") if isinstance(data, dict) else None
-    if not stages:
+    if not isinstance(data, dict) or not data.get("stages"):
         raise ConfigError(f"{path} has no 'stages' list")
-    return [resolve_stage(s) for s in stages]
+    return data
+
+
+def load_hierarchy(name: str) -> list[StageSpec]:
+    return resolve_stages(read_hierarchy(name)["stages"])

@@ -41,9 +41,10 @@ class StageSpec:
     ngram_size: int = 3  # prompt_lookup: longest n-gram to match
     max_proposal: int = 8  # prompt_lookup: most tokens proposed per step
     extra: dict = field(default_factory=dict)  # passed to from_pretrained (e.g. device_map)
+    params_b: float | None = None  # declared size in billions: plan mode's estimate when weights are not local
 
     @classmethod
-    def from_any(cls, value: "StageSpec | str | Mapping[str, Any]") -> "StageSpec":
+    def from_any(cls, value: "StageSpec | str | Mapping[str, Any]", check_devices: bool = True) -> "StageSpec":
         if isinstance(value, StageSpec):
             spec = value
         elif isinstance(value, str):
@@ -56,8 +57,13 @@ class StageSpec:
             spec = cls(**{k: v for k, v in value.items()})
         else:
             raise ConfigError(f"a stage must be a model id, a path or a mapping, got {type(value).__name__}")
-        spec.validate()
+        spec.validate(check_devices)
         return spec
+
+    @property
+    def devices(self) -> list[str]:
+        """`device` may list several GPUs ("cuda:2,cuda:3"): the model is split over them."""
+        return [d.strip() for d in str(self.device).split(",")]
 
     @property
     def label(self) -> str:
@@ -68,7 +74,8 @@ class StageSpec:
         base = Path(str(self.model)).name or str(self.model)
         return f"{base}[{self.quantize}]" if self.quantize else base
 
-    def validate(self) -> None:
+    def validate(self, check_devices: bool = True) -> None:
+        """Check every option; `check_devices=False` (plan mode) skips asking whether the devices exist."""
         if self.kind not in KINDS:
             raise ConfigError(f"stage kind must be one of {list(KINDS)}, got {self.kind!r}")
         if self.kind == "hf":
@@ -82,7 +89,10 @@ class StageSpec:
                 )
             if self.quantize == "int8-dynamic" and not self.device.startswith("cpu"):
                 raise ConfigError("quantize 'int8-dynamic' runs on the CPU only: set device: cpu")
-            _check_device(self.device)
+            for device in self.devices:
+                _check_device(device, check_devices)
+            if len(self.devices) > 1 and not all(d.startswith("cuda") for d in self.devices):
+                raise ConfigError(f"a model split over several devices needs CUDA devices, got {self.device!r}")
         else:
             if self.ngram_size < 1 or self.max_proposal < 1:
                 raise ConfigError("prompt_lookup needs ngram_size >= 1 and max_proposal >= 1")
@@ -90,11 +100,13 @@ class StageSpec:
             raise ConfigError(f"stage option 'threads' must be >= 1, got {self.threads}")
 
 
-def _check_device(device: str) -> None:
+def _check_device(device: str, present: bool = True) -> None:
     kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda", "auto"):
-        raise ConfigError(f"stage option 'device' must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
-    if kind == "cuda":
+    if kind not in ("cpu", "cuda", "auto") or (index and not index.isdigit()):
+        raise ConfigError(
+            f"stage option 'device' must be 'cpu', 'cuda[:N]', 'auto' or a list 'cuda:N,cuda:M', got {device!r}"
+        )
+    if kind == "cuda" and present:
         import torch
 
         count = torch.cuda.device_count()
@@ -166,6 +178,11 @@ def load_model(spec: StageSpec):
         )
     if spec.device == "auto":
         kwargs["device_map"] = "auto"
+    elif len(spec.devices) > 1:
+        # split over the listed GPUs only: accelerate places layers on the devices max_memory names
+        kwargs["device_map"] = "auto"
+        wanted = sorted({int(d.partition(":")[2] or 0) for d in spec.devices})
+        kwargs["max_memory"] = {i: torch.cuda.get_device_properties(i).total_memory for i in wanted}
     kwargs.update(spec.extra)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -1,0 +1,71 @@
+"""Hydra entry point: one run of a hierarchy x strategy x dataset, or a `-m` sweep of them.
+
+    python -m experiments.run                        # the embedded default: -m strategy=greedy,pipespec
+    python -m experiments.run models=smollm2_int8_fp32 strategy=sd dataset=news_lee_cnndm \\
+        dataset.n_samples=10 max_new_tokens=64 strategy.lookahead=3
+    python -m experiments.run -m strategy=greedy,sd,pipespec dataset=humaneval,news_lee_cnndm
+    python -m experiments.run experiment=table2_humaneval_llama3 run.plan=true
+
+The work is in `pipespec.runner` (no Hydra there); this file composes the config,
+prints the plan or the run's table, and turns known errors into one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+EMBEDDED_DEFAULT = ["-m", "strategy=greedy,pipespec"]
+
+
+def plan(config: dict) -> None:
+    from pipespec.hierarchies import resolve_stages
+    from pipespec.plan import format_plan, plan_stages
+
+    specs = resolve_stages(config["models"]["stages"], check_devices=False)
+    strategy = config["strategy"]
+    print(
+        f"plan: {config['models']['name']} ({len(specs)} stages), strategy {strategy['name']} "
+        f"(lookahead {strategy['lookahead']}), dataset {config['dataset']['name']}, "
+        f"max_new_tokens {config['max_new_tokens']}"
+    )
+    print(format_plan(plan_stages(specs)))
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> dict | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from pipespec.api import StageError
+    from pipespec.data import DataError
+    from pipespec.models import ConfigError
+    from pipespec.runner import RunError, format_run, run_experiment
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        if config["run"]["plan"]:
+            plan(config)
+            return None
+        summary = run_experiment(config, HydraConfig.get().runtime.output_dir)
+    except (ConfigError, DataError, RunError, StageError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(format_run(summary))
+    return summary
+
+
+def entry() -> None:
+    if len(sys.argv) == 1:
+        print("no arguments: running the embedded default, " + " ".join(EMBEDDED_DEFAULT), file=sys.stderr)
+        sys.argv += EMBEDDED_DEFAULT
+    main()
+
+
+if __name__ == "__main__":
+    entry()

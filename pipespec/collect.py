@@ -1,0 +1,109 @@
+"""Any set of run directories -> one table, with speedups against the matching greedy runs.
+
+A run's greedy reference is a greedy run of the same target, dataset and budget
+among the collected ones (the one in the same multirun first); identical counts
+and speedups are computed over the samples both runs hold. Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Iterable
+
+from pipespec.results import (
+    SUMMARY,
+    ResultsError,
+    compare_with_reference,
+    find_run_dirs,
+    is_greedy_reference,
+    read_config,
+    read_records,
+    read_summary,
+    summarize_run,
+    target_key,
+)
+
+COLUMNS = (
+    "run", "models", "strategy", "lookahead", "dataset", "n_samples", "new_tokens", "ms_per_token",
+    "tokens_per_s", "speedup_vs_greedy", "identical_to_greedy", "target_acceptance",
+    "target_accepted_per_verify", "target_busy", "complete",
+)  # fmt: skip
+
+
+def _load(run_dir: Path) -> dict[str, Any]:
+    config = read_config(run_dir)
+    records, _ = read_records(run_dir)
+    # a run killed before its summary still counts with the samples it finished
+    summary = read_summary(run_dir) if (run_dir / SUMMARY).exists() else summarize_run(config, records, False)
+    return {"dir": run_dir, "config": config, "records": records, "summary": summary}
+
+
+def _reference_for(run: dict, greedy_runs: list[dict]) -> dict | None:
+    key = target_key(run["config"])
+    matching = [g for g in greedy_runs if g is not run and target_key(g["config"]) == key]
+    same_sweep = [g for g in matching if g["dir"].parent == run["dir"].parent]
+    return (same_sweep or matching or [None])[0]
+
+
+def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    runs = [_load(d) for d in find_run_dirs(paths)]
+    if not runs:
+        raise ResultsError("no runs found")
+    greedy_runs = [r for r in runs if is_greedy_reference(r["config"])]
+    rows = []
+    for run in runs:
+        summary = run["summary"]
+        reference = _reference_for(run, greedy_runs) if not is_greedy_reference(run["config"]) else None
+        comparison = (
+            compare_with_reference(run["records"], reference["records"])
+            if reference
+            else {"identical_to_greedy": summary.get("identical_to_greedy"), "speedup_vs_greedy": None}
+        )
+        if is_greedy_reference(run["config"]):
+            comparison = {"identical_to_greedy": "(reference)", "speedup_vs_greedy": 1.0}
+        target = summary["stages"][-1] if summary["stages"] else {}
+        rows.append(
+            {
+                "run": str(run["dir"]),
+                "models": summary["models"],
+                "strategy": summary["strategy"],
+                "lookahead": summary.get("lookahead"),
+                "dataset": summary["dataset"] + (" (stand-in)" if summary.get("stand_in") else ""),
+                "n_samples": summary["n_samples"],
+                "new_tokens": summary["new_tokens"],
+                "ms_per_token": summary["ms_per_token"],
+                "tokens_per_s": summary["tokens_per_s"],
+                "speedup_vs_greedy": comparison["speedup_vs_greedy"],
+                "identical_to_greedy": comparison["identical_to_greedy"],
+                "target_acceptance": target.get("acceptance_rate"),
+                "target_accepted_per_verify": target.get("mean_accepted_per_verify"),
+                "target_busy": target.get("busy_fraction"),
+                "complete": summary.get("complete"),
+            }
+        )
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def format_markdown(rows: list[dict[str, Any]]) -> str:
+    shown = [c for c in COLUMNS if c != "run"]
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(_cell(row[c]) for c in shown) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def format_csv(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()

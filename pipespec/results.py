@@ -1,0 +1,367 @@
+"""The results store: one directory per run, written atomically, resumable, readable without torch.
+
+A run directory holds
+
+    config.yaml          the resolved configuration of the run
+    env.json             library versions, CPU / GPU names, thread counts
+    samples.jsonl        one record per finished sample (see RECORD_KEYS), appended and fsynced
+    traces/NNNNN.json.gz the full stage traces of sample NNNNN (pipespec.trace format)
+    summary.json         pooled figures of the run (see `summarize_run`), rewritten atomically
+    gpu.jsonl            NVML samples every 100 ms (GPU machines only)
+
+A record is appended only after its trace file is in place, and a line that is
+not complete JSON (a run killed while writing it) is dropped when the run is
+resumed, so a resumed run holds each requested sample exactly once.
+
+The greedy reference of a run is a run of strategy greedy with the same target
+model, dataset and token budget: named by `reference_run`, or found among the
+sibling runs of the same multirun. Everything here is pure Python (no torch),
+so `analysis/` and `experiments.collect` use it on result files alone.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+SAMPLES = "samples.jsonl"
+SUMMARY = "summary.json"
+CONFIG = "config.yaml"
+ENV = "env.json"
+TRACES = "traces"
+RECORD_KEYS = ("sample_id", "index", "output_ids", "output_text", "new_tokens", "time_s", "stages")
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+class ResultsError(ValueError):
+    """A results directory is missing, corrupt, foreign or inconsistent; the message names it."""
+
+
+# ---- atomic files -------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, fsync, then rename: readers see old or new, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are ordinary files
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+# ---- one run directory ----------------------------------------------------------
+
+
+def _valid_record(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or any(key not in record for key in RECORD_KEYS):
+        return None
+    return record
+
+
+def read_records(run_dir: Path) -> tuple[list[dict], int]:
+    """The valid sample records of a run (first occurrence of each id) and how many lines were dropped."""
+    path = Path(run_dir) / SAMPLES
+    if not path.exists():
+        return [], 0
+    records, seen, dropped = [], set(), 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = _valid_record(line)
+        if record is None or record["sample_id"] in seen:
+            dropped += 1
+            continue
+        seen.add(record["sample_id"])
+        records.append(record)
+    return records, dropped
+
+
+class RunStore:
+    """Writes one run directory; on resume, keeps the finished samples and drops a half-written line."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.records, dropped = read_records(self.run_dir)
+        if dropped:
+            # rewrite without the broken tail so the next append starts on a clean line
+            atomic_write_text(self.run_dir / SAMPLES, "".join(json.dumps(r) + "\n" for r in self.records))
+        self.dropped_lines = dropped
+
+    @property
+    def finished_ids(self) -> set[str]:
+        return {r["sample_id"] for r in self.records}
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        atomic_write_text(self.run_dir / CONFIG, yaml.safe_dump(dict(config), sort_keys=False))
+
+    def write_env(self, env: Mapping[str, Any]) -> None:
+        atomic_write_json(self.run_dir / ENV, dict(env))
+
+    def append(self, record: dict, trace: dict) -> None:
+        """The trace first (atomically), then the record line, fsynced: a listed sample always has its trace."""
+        missing = [key for key in RECORD_KEYS if key not in record]
+        if missing:
+            raise ValueError(f"sample record lacks {missing}")
+        trace_path = self.run_dir / TRACES / f"{record['index']:05d}.json.gz"
+        atomic_write_bytes(trace_path, gzip.compress(json.dumps(trace).encode(), compresslevel=6))
+        with open(self.run_dir / SAMPLES, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records.append(record)
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        atomic_write_json(self.run_dir / SUMMARY, dict(summary))
+
+
+def read_trace(run_dir: Path, index: int) -> dict:
+    path = Path(run_dir) / TRACES / f"{index:05d}.json.gz"
+    try:
+        return json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, EOFError, json.JSONDecodeError) as error:
+        raise ResultsError(f"{path}: not a readable trace file ({error})") from None
+
+
+def read_config(run_dir: Path) -> dict:
+    path = Path(run_dir) / CONFIG
+    if not path.exists():
+        raise ResultsError(f"{run_dir}: not a pipespec run directory (no {CONFIG})")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ResultsError(f"{path}: corrupt YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(config, dict) or not all(k in config for k in ("models", "strategy", "dataset")):
+        raise ResultsError(f"{path}: not a pipespec run config (needs models, strategy, dataset)")
+    return config
+
+
+def read_summary(run_dir: Path) -> dict:
+    path = Path(run_dir) / SUMMARY
+    if not path.exists():
+        raise ResultsError(f"{run_dir}: not a pipespec run directory (no {SUMMARY})")
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ResultsError(f"{path}: corrupt JSON ({error})") from None
+    if not isinstance(summary, dict) or "strategy" not in summary or "stages" not in summary:
+        raise ResultsError(f"{path}: not a pipespec run summary (needs strategy and stages)")
+    return summary
+
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run directories named directly, or found below the given directories (e.g. a multirun)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ResultsError(f"{path}: no such directory")
+        if (path / SUMMARY).exists() or (path / CONFIG).exists():
+            found.append(path)
+            continue
+        below = sorted({p.parent for p in path.rglob(SUMMARY)}, key=_natural_key)
+        if not below:
+            raise ResultsError(f"{path}: holds no pipespec run (no {SUMMARY} in it or below it)")
+        found.extend(below)
+    return found
+
+
+def _natural_key(path: Path) -> list:
+    return [int(part) if part.isdigit() else part for part in path.parts]
+
+
+# ---- summaries ----------------------------------------------------------------
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def pool_stages(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per-stage figures pooled over samples (sums of counts and times, not means of ratios)."""
+    if not records:
+        return []
+    pooled = []
+    for stage in range(len(records[0]["stages"])):
+        rows = [r["stages"][stage] for r in records]
+        offered = sum(s["offered"] for s in rows)
+        accepted = sum(s["accepted"] for s in rows)
+        verify_steps = sum(s["verify_steps"] for s in rows)
+        single_steps = sum(s["single_steps"] for s in rows)
+        steps = sum(s["steps"] for s in rows)
+        busy = sum(s["busy_time_s"] for s in rows)
+        wall = sum(s["wall_time_s"] for s in rows)
+        pooled.append(
+            {
+                "name": rows[0]["name"],
+                "acceptance_rate": _ratio(accepted, offered),
+                "mean_accepted_per_verify": _ratio(accepted, verify_steps),
+                "mean_offered_per_verify": _ratio(offered, verify_steps),
+                "verify_fraction": _ratio(verify_steps, verify_steps + single_steps),
+                "busy_fraction": _ratio(busy, wall),
+                "offered": offered,
+                "accepted": accepted,
+                "steps": steps,
+                "verify_steps": verify_steps,
+                "mean_step_ms": _ratio(1000 * busy, steps),
+                "rollbacks": sum(s["rollbacks"] for s in rows),
+                "rollback_tokens": sum(s["rollback_tokens"] for s in rows),
+            }
+        )
+    return pooled
+
+
+def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]], complete: bool) -> dict[str, Any]:
+    """summary.json: the run's pooled figures (ms/token = sum of time / sum of tokens, as in the paper)."""
+    tokens = sum(r["new_tokens"] for r in records)
+    total_time = sum(r["time_s"] for r in records)
+    models, strategy, dataset = config["models"], config["strategy"], config["dataset"]
+    stages = pool_stages(records)
+    return {
+        "strategy": strategy["name"],
+        "models": models["name"],
+        "stage_names": [s["name"] for s in stages],
+        "dataset": dataset["name"],
+        "dataset_label": dataset.get("label", dataset["name"]),
+        "stand_in": bool(dataset.get("stand_in", False)),
+        "n_samples": len(records),
+        "new_tokens": tokens,
+        "max_new_tokens": config["max_new_tokens"],
+        "lookahead": strategy.get("lookahead"),
+        "max_lead": strategy.get("max_lead"),
+        "acceptance": acceptance_mode(config),
+        "lossless": acceptance_mode(config) == "exact",
+        "total_time_s": total_time,
+        "ms_per_token": _ratio(1000 * total_time, tokens),
+        "tokens_per_s": _ratio(tokens, total_time),
+        "truncated_prompts": sum(bool(r.get("truncated")) for r in records),
+        "stages": stages,
+        "quality": pool_quality(records),
+        "identical_to_greedy": None,
+        "speedup_vs_greedy": None,
+        "reference_run": None,
+        "complete": complete,
+    }
+
+
+def pool_quality(records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """Mean of each per-sample quality figure (ROUGE F1, passed) over the samples that have it."""
+    values: dict[str, list[float]] = {}
+    for record in records:
+        for key, value in (record.get("quality") or {}).items():
+            if isinstance(value, (int, float)):
+                values.setdefault(key, []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in values.items()} or None
+
+
+# ---- greedy references ----------------------------------------------------------
+
+
+def target_key(config: Mapping[str, Any]) -> tuple:
+    """What makes two runs' outputs comparable: the target model, the dataset and the budget."""
+    target = dict(config["models"]["stages"][-1])
+    target.pop("name", None)
+    dataset = config["dataset"]
+    return (
+        json.dumps(target, sort_keys=True),
+        dataset["name"],
+        json.dumps(dataset.get("path")),
+        config["max_new_tokens"],
+        json.dumps(config.get("sampling"), sort_keys=True),
+    )
+
+
+def acceptance_mode(config: Mapping[str, Any]) -> str:
+    return (config.get("acceptance") or {}).get("mode", "exact")
+
+
+def is_greedy_reference(config: Mapping[str, Any]) -> bool:
+    return config["strategy"]["name"] == "greedy" and acceptance_mode(config) == "exact"
+
+
+def find_greedy_reference(run_dir: Path, config: Mapping[str, Any], reference_run: str | None) -> Path | None:
+    """`reference_run` if given (checked to match), else a matching greedy sibling in the same multirun."""
+    run_dir = Path(run_dir)
+    if reference_run:
+        reference = Path(reference_run)
+        ref_config = read_config(reference)
+        if not is_greedy_reference(ref_config):
+            raise ResultsError(f"reference_run {reference} is a {ref_config['strategy']['name']!r} run, not greedy")
+        if target_key(ref_config) != target_key(config):
+            raise ResultsError(
+                f"reference_run {reference} is not comparable: it differs in target model, dataset or max_new_tokens"
+            )
+        return reference
+    if is_greedy_reference(config):
+        return None
+    for sibling in sorted(run_dir.parent.iterdir(), key=_natural_key):
+        if sibling == run_dir or not (sibling / CONFIG).exists():
+            continue
+        try:
+            sibling_config = read_config(sibling)
+        except ResultsError:
+            continue
+        if is_greedy_reference(sibling_config) and target_key(sibling_config) == target_key(config):
+            return sibling
+    return None
+
+
+def compare_with_reference(records: Sequence[Mapping], reference_records: Sequence[Mapping]) -> dict[str, Any]:
+    """identical_to_greedy "n/m" and speedup (greedy ms/token / this ms/token) over the samples both hold."""
+    by_id = {r["sample_id"]: r for r in reference_records}
+    common = [r for r in records if r["sample_id"] in by_id]
+    if not common:
+        return {"identical_to_greedy": None, "speedup_vs_greedy": None}
+    identical = sum(r["output_ids"] == by_id[r["sample_id"]]["output_ids"] for r in common)
+    mine = _ratio(sum(r["time_s"] for r in common), sum(r["new_tokens"] for r in common))
+    theirs = _ratio(
+        sum(by_id[r["sample_id"]]["time_s"] for r in common), sum(by_id[r["sample_id"]]["new_tokens"] for r in common)
+    )
+    return {
+        "identical_to_greedy": f"{identical}/{len(common)}",
+        "speedup_vs_greedy": _ratio(theirs, mine) if mine and theirs else None,
+    }
+
+
+def refresh_reference(run_dir: Path, reference_run: str | None = None) -> dict | None:
+    """Fill summary.json's identical_to_greedy / speedup_vs_greedy from its greedy reference, if one exists."""
+    run_dir = Path(run_dir)
+    summary, config = read_summary(run_dir), read_config(run_dir)
+    reference = find_greedy_reference(run_dir, config, reference_run or summary.get("reference_run"))
+    if reference is None:
+        return summary
+    records, _ = read_records(run_dir)
+    reference_records, _ = read_records(reference)
+    summary.update(compare_with_reference(records, reference_records))
+    summary["reference_run"] = str(reference)
+    atomic_write_json(run_dir / SUMMARY, summary)
+    return summary

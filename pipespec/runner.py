@@ -1,0 +1,251 @@
+"""One experiment run: a hierarchy, a strategy and a dataset, measured into a run directory.
+
+    summary = run_experiment(config, run_dir)
+
+`config` is a plain mapping shaped like the composed `conf/config.yaml` (models,
+strategy, dataset, max_new_tokens, acceptance, run); Hydra is only the entry
+point (`experiments/run.py`), so this module works without it. The run:
+
+1. loads the dataset and refuses bad options before any process starts;
+2. opens the run directory (`pipespec.results.RunStore`): a fresh one, or with
+   `run.resume` an interrupted one whose finished samples are kept and skipped;
+3. starts the pipeline, takes one short untimed generation (first-call
+   allocations), then generates each remaining sample, appending its record and
+   trace as soon as it is done;
+4. writes `summary.json` with the pooled figures and, where a greedy reference
+   exists (`run.reference_run`, or a sibling run of the same multirun), the
+   identical-to-greedy count and the speedup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from pipespec.models import ConfigError
+from pipespec.results import RunStore, ResultsError, refresh_reference, summarize_run
+
+GPU_QUERY = "timestamp,index,name,utilization.gpu,memory.used,memory.total,power.draw"
+
+
+class RunError(RuntimeError):
+    """The run cannot start or go on; the message names the option or the directory."""
+
+
+# ---- what the run directory records besides samples -------------------------------
+
+
+def environment(specs) -> dict[str, Any]:
+    """Library versions, CPU and GPU names, thread counts: what a reader needs to compare runs."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "threads_per_stage": [spec.threads for spec in specs],
+    }
+
+
+class GpuMonitor:
+    """NVML samples (utilisation, memory, power per GPU) every 100 ms into gpu.csv, via nvidia-smi."""
+
+    def __init__(self, path: Path):
+        self.path, self.process, self.handle = path, None, None
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi"):
+            self.handle = open(self.path, "w")
+            self.handle.write(GPU_QUERY + "\n")
+            self.handle.flush()
+            self.process = subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=self.handle,
+                stderr=subprocess.DEVNULL,
+            )
+        return self
+
+    def __exit__(self, *exc):
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(5)
+            self.handle.close()
+
+
+# ---- per sample ---------------------------------------------------------------------
+
+
+def quality_of(sample, text: str, task: str, family: str, execute_code: bool) -> dict[str, Any] | None:
+    """ROUGE F1 against the reference summary, or (opted in) whether the HumanEval tests pass."""
+    from pipespec.data import check_completion, extract_code_block, rouge_per_sample, truncate_at_stop
+
+    if task == "summarization" and sample.reference is not None:
+        return rouge_per_sample([text], [sample.reference])[0]
+    if task == "code" and execute_code:
+        completion = extract_code_block(text) if family == "chat" else truncate_at_stop(text)
+        result = check_completion(sample, completion, allow_code_execution=True)
+        return {"passed": float(result["passed"]), "result": result["result"]}
+    return None
+
+
+def sample_record(index: int, sample, prompt_text: str, prompt_ids, truncated: bool, result, quality) -> dict:
+    return {
+        "sample_id": sample.sample_id,
+        "index": index,
+        "prompt": prompt_text,
+        "prompt_tokens": len(prompt_ids),
+        "truncated": truncated,
+        "output_ids": result.tokens,
+        "output_text": result.text,
+        "new_tokens": len(result.tokens),
+        "time_s": result.time_s,
+        "tokens_per_s": len(result.tokens) / result.time_s if result.time_s > 0 else None,
+        "stages": result.summary(),
+        "quality": quality,
+    }
+
+
+# ---- the run ----------------------------------------------------------------------------
+
+
+def check_run_config(config: Mapping[str, Any]) -> None:
+    """Options the engine does not check itself, named as the user types them."""
+    budget = config.get("max_new_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
+        raise ConfigError(f"max_new_tokens must be an integer > 0, got {budget!r}")
+    family = config["models"].get("family", "base")
+    if family not in ("base", "chat"):
+        raise ConfigError(f"models.family must be 'base' or 'chat', got {family!r}")
+    mode = (config.get("acceptance") or {}).get("mode", "exact")
+    if mode != "exact":
+        raise ConfigError(f"acceptance.mode must be 'exact', got {mode!r}")
+
+
+def open_store(run_dir: Path, config: Mapping[str, Any], resume: bool) -> RunStore:
+    """A fresh run directory, or (resume) one holding the same config; never mixes two configs."""
+    from pipespec.results import read_config
+
+    existing = (run_dir / "samples.jsonl").exists()
+    if existing and not resume:
+        raise RunError(
+            f"{run_dir} already holds results: pass run.resume=true to continue it, or choose a new hydra.run.dir"
+        )
+    if existing:
+        try:
+            previous = read_config(run_dir)
+        except ResultsError as error:
+            raise RunError(f"cannot resume: {error}") from None
+        keys = ("models", "strategy", "dataset", "max_new_tokens", "acceptance")
+        differing = [k for k in keys if previous.get(k) != config.get(k)]
+        if differing:
+            raise RunError(f"cannot resume {run_dir}: it was run with different {', '.join(differing)}")
+    return RunStore(run_dir)
+
+
+def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: bool | None = None) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from pipespec.api import Pipeline
+    from pipespec.data import build_prompt_ids, load_dataset, render_prompt_text
+    from pipespec.hierarchies import resolve_stages
+
+    run_dir = Path(run_dir)
+    options = config.get("run") or {}
+    progress = options.get("progress", True) if progress is None else progress
+    check_run_config(config)
+    specs = resolve_stages(config["models"]["stages"])
+    dataset = load_dataset(config["dataset"])
+    store = open_store(run_dir, config, bool(options.get("resume")))
+    store.write_config(config)
+    store.write_env(environment(specs))
+    todo = [(i, s) for i, s in enumerate(dataset.samples) if s.sample_id not in store.finished_ids]
+    if store.records:
+        print(f"resuming {run_dir}: {len(store.records)} samples done, {len(todo)} to go", file=sys.stderr)
+    family = config["models"].get("family", "base")
+    strategy = config["strategy"]
+    budget = config["max_new_tokens"]
+    template = config["dataset"]["prompt"]
+    monitor = GpuMonitor(run_dir / "gpu.csv") if options.get("gpu_monitor", True) else contextlib.nullcontext()
+    with monitor, Pipeline(
+        specs,
+        strategy=strategy["name"],
+        lookahead=strategy.get("lookahead", 0),
+        max_lead=strategy.get("max_lead", 8),
+        stall_timeout_s=options.get("stall_timeout_s", 30),
+    ) as pipe:
+        prompts = {i: build_prompt_ids(s, template, pipe.tokenizer, family, pipe.context_length, budget) for i, s in todo}
+        if todo and options.get("warmup_tokens", 8):
+            pipe.generate(prompts[todo[0][0]][0], options["warmup_tokens"])
+        label = f"{config['models']['name']} {strategy['name']} {dataset.name}"
+        bar = tqdm(todo, desc=label, disable=not progress, file=sys.stderr, unit="sample")
+        for index, sample in bar:
+            prompt_ids, truncated = prompts[index]
+            result = pipe.generate(prompt_ids, budget)
+            quality = quality_of(sample, result.text, dataset.task, family, bool(options.get("execute_code")))
+            prompt_text = render_prompt_text(sample.source, template, pipe.tokenizer, family)
+            store.append(
+                sample_record(index, sample, prompt_text, prompt_ids, truncated, result, quality),
+                {"sample_id": sample.sample_id, "index": index, "stages": [t.to_dict() for t in result.stage_traces]},
+            )
+            bar.set_postfix_str(_live_figures(store.records))
+    summary = summarize_run(config, store.records, complete=len(store.records) == len(dataset.samples))
+    summary["dataset_description"] = dataset.description()
+    store.write_summary(summary)
+    try:
+        summary = refresh_reference(run_dir, options.get("reference_run"))
+    except ResultsError as error:
+        raise RunError(str(error)) from None
+    return summary
+
+
+def _live_figures(records) -> str:
+    tokens = sum(r["new_tokens"] for r in records)
+    seconds = sum(r["time_s"] for r in records)
+    last = [r["stages"][-1] for r in records]
+    offered = sum(s["offered"] for s in last)
+    accepted = sum(s["accepted"] for s in last)
+    acceptance = f", target acceptance {accepted / offered:.2f}" if offered else ""
+    return f"{tokens / seconds:.1f} tok/s{acceptance}"
+
+
+def format_run(summary: Mapping[str, Any]) -> str:
+    """The table printed at the end of a run: overall figures, then one line per stage."""
+    def fmt(value, spec=".2f"):
+        return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+    stand_in = " (STAND-IN)" if summary.get("stand_in") else ""
+    lines = [
+        f"{summary['strategy']} (lookahead {summary['lookahead']}) on {summary['models']}, "
+        f"{summary['dataset_label']}{stand_in}: {summary['n_samples']} samples, {summary['new_tokens']} tokens",
+        f"  {fmt(summary['ms_per_token'])} ms/token, {fmt(summary['tokens_per_s'])} tokens/s; "
+        f"identical to greedy: {summary['identical_to_greedy'] or '-'}; "
+        f"speedup vs greedy: {fmt(summary['speedup_vs_greedy'])}",
+        f"  {'stage':<24}{'acceptance':>11}{'acc/verify':>11}{'verify frac':>12}{'busy':>7}",
+    ]
+    for stage in summary["stages"]:
+        lines.append(
+            f"  {stage['name'][:23]:<24}{fmt(stage['acceptance_rate']):>11}{fmt(stage['mean_accepted_per_verify']):>11}"
+            f"{fmt(stage['verify_fraction']):>12}{fmt(stage['busy_fraction']):>7}"
+        )
+    if summary.get("quality"):
+        lines.append("  quality: " + ", ".join(f"{k} {v:.3f}" for k, v in summary["quality"].items()))
+    return "\n".join(lines)

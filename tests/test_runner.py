@@ -1,0 +1,285 @@
+"""The Hydra runner, the results store and collect: composition, sweeps, resume, errors."""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from hydra import compose, initialize_config_dir
+
+from pipespec.results import (
+    RunStore,
+    ResultsError,
+    find_greedy_reference,
+    read_records,
+    refresh_reference,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+SUMMARY_FIELDS = (
+    "strategy", "models", "dataset", "n_samples", "new_tokens", "total_time_s", "ms_per_token",
+    "tokens_per_s", "stages", "identical_to_greedy", "speedup_vs_greedy",
+)  # fmt: skip
+STAGE_FIELDS = ("name", "acceptance_rate", "mean_accepted_per_verify", "verify_fraction", "busy_fraction")
+SAMPLE_FIELDS = ("sample_id", "output_ids", "output_text", "new_tokens", "time_s")
+
+
+def run_cli(*args, timeout=300, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.run", *args, "run.progress=false"],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs,
+    )  # fmt: skip
+
+
+# ---- composition -----------------------------------------------------------------
+
+
+def sweep_overrides(cfg) -> list[list[str]]:
+    """Every job of an experiment's configured sweep, as override lists."""
+    params = cfg.hydra.sweeper.params or {}
+    choices = []
+    for key, value in params.items():
+        value = str(value)
+        if value.startswith("range("):
+            start, stop = (int(x) for x in value[6:-1].split(","))
+            values = [str(v) for v in range(start, stop)]
+        else:
+            values = value.split(",")
+        choices.append([f"{key}={v}" for v in values])
+    return [list(combo) for combo in itertools.product(*choices)]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_plans(experiment, capsys):
+    from experiments.run import plan
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        base = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+        jobs = sweep_overrides(base)
+        assert jobs, f"{experiment} defines no sweep"
+        for job in jobs:
+            cfg = compose("config", overrides=[f"experiment={experiment}", "run.plan=true", *job])
+            from omegaconf import OmegaConf
+
+            config = OmegaConf.to_container(cfg, resolve=True)
+            plan(config)
+            out = capsys.readouterr().out
+            for stage in config["models"]["stages"]:
+                assert stage["name"][:17] in out
+            assert "per device" in out
+            assert "?" not in out.split("per device")[1], f"unknown memory in {experiment} {job}"
+
+
+def test_plan_cli_on_a_gpu_config_here(tmp_path):
+    result = run_cli("models=llama3_1b_8b_70b", "run.plan=true", f"hydra.run.dir={tmp_path}/plan", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "cuda:2,cuda:3" in result.stdout and "nf4" in result.stdout
+    assert "20.34 GiB" in result.stdout  # 70.6B x 0.5625 bytes x 1.1 over two GPUs
+
+
+# ---- sweeps and collect --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def multirun(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("sweep")
+    result = run_cli(
+        "-m", "models=tiny_k2", "strategy=pipespec,greedy", "dataset=humaneval,news_lee_cnndm",
+        "dataset.n_samples=2", "max_new_tokens=10", "strategy.lookahead=2", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return sweep, result
+
+
+def test_multirun_2x2_writes_four_runs_with_greedy_comparisons(multirun):
+    sweep, result = multirun
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(runs) == 4
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert all(field in summary for field in SUMMARY_FIELDS)
+        assert all(field in stage for stage in summary["stages"] for field in STAGE_FIELDS)
+        assert summary["n_samples"] == 2 and summary["complete"]
+        records, dropped = read_records(run)
+        assert len(records) == 2 and dropped == 0
+        assert all(field in r for r in records for field in SAMPLE_FIELDS)
+        assert all((run / "traces" / f"{r['index']:05d}.json.gz").exists() for r in records)
+        assert (run / "config.yaml").exists() and (run / "env.json").exists()
+        if summary["strategy"] == "pipespec":
+            # pipespec ran first: its comparison was filled in when the multirun ended
+            assert summary["identical_to_greedy"] == "2/2"
+            assert summary["speedup_vs_greedy"] > 0
+            assert summary["reference_run"].endswith(f"greedy_L2_tiny_k2_{summary['dataset']}")
+        else:
+            assert summary["identical_to_greedy"] is None
+    assert "speedup_vs_greedy" in result.stdout  # the table printed at the end
+
+
+def test_collect_prints_and_writes_the_speedup_table(multirun, tmp_path):
+    sweep, _ = multirun
+    csv_path, md_path = tmp_path / "t.csv", tmp_path / "t.md"
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.collect", str(sweep), "--csv", str(csv_path), "--markdown", str(md_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| tiny_k2")]
+    assert len(rows) == 4
+    pipespec_rows = [r for r in rows if "| pipespec |" in r]
+    assert all("| 2/2 |" in r for r in pipespec_rows)
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("run,models,strategy") and len(lines) == 5
+    assert md_path.read_text().strip() == result.stdout.strip()
+
+
+def test_collect_refuses_a_foreign_or_corrupt_directory(tmp_path):
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("hello")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "summary.json").write_text("{not json")
+    (corrupt / "config.yaml").write_text("models: {name: x}\nstrategy: {name: greedy}\ndataset: {name: d}\n")
+    for bad in ("foreign", "corrupt", "missing"):
+        result = subprocess.run(
+            [sys.executable, "-m", "experiments.collect", str(tmp_path / bad)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+        assert bad in result.stderr
+
+
+# ---- resume ------------------------------------------------------------------------
+
+
+def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["models=tiny_k2", "strategy=sd", "strategy.lookahead=3", "dataset=news_lee_cnndm",
+            "dataset.n_samples=6", "max_new_tokens=48", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", *args, "run.progress=false"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    samples = run_dir / "samples.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not samples.exists() or len(samples.read_text().splitlines()) < 2):
+        assert child.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    family = [child.pid] + [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
+    os.killpg(child.pid, signal.SIGKILL)  # the driver and its stage processes, mid-sample
+    child.wait(10)
+    killed_with = len(read_records(run_dir)[0])
+    assert 2 <= killed_with < 6
+    with open(samples, "a") as handle:  # as if the kill had hit while a line was being written
+        handle.write('{"sample_id": "lee-999", "index": 5, "output_ids": [1, 2')
+    time.sleep(1.0)
+    assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+    again = run_cli(*args, timeout=300)  # without resume: refused, nothing touched
+    assert again.returncode == 2 and "run.resume=true" in again.stderr
+    resumed = run_cli(*args, "run.resume=true", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{killed_with} samples done" in resumed.stderr
+    records, dropped = read_records(run_dir)
+    assert dropped == 0
+    ids = [r["sample_id"] for r in records]
+    assert len(ids) == 6 and len(set(ids)) == 6
+    assert sorted(r["index"] for r in records) == list(range(6))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["n_samples"] == 6 and summary["complete"]
+
+    different = run_cli(*args[:-2], "max_new_tokens=20", f"hydra.run.dir={run_dir}", "run.resume=true")
+    assert different.returncode == 2 and "different max_new_tokens" in different.stderr
+
+
+# ---- the store on its own ---------------------------------------------------------------
+
+
+def record(sample_id, index, tokens):
+    return {"sample_id": sample_id, "index": index, "output_ids": tokens, "output_text": "", "new_tokens": len(tokens),
+            "time_s": 0.1 * len(tokens), "stages": []}  # fmt: skip
+
+
+def test_store_drops_a_half_written_line_and_keeps_the_rest(tmp_path):
+    store = RunStore(tmp_path)
+    store.append(record("a", 0, [1, 2]), {"stages": []})
+    store.append(record("b", 1, [3]), {"stages": []})
+    with open(tmp_path / "samples.jsonl", "a") as handle:
+        handle.write('{"sample_id": "c", "ind')
+    reopened = RunStore(tmp_path)
+    assert reopened.finished_ids == {"a", "b"} and reopened.dropped_lines == 1
+    reopened.append(record("c", 2, [4]), {"stages": []})
+    records, dropped = read_records(tmp_path)
+    assert [r["sample_id"] for r in records] == ["a", "b", "c"] and dropped == 0
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def write_run(directory, strategy, max_new_tokens=8, records=()):
+    store = RunStore(directory)
+    store.write_config({
+        "models": {"name": "m", "stages": [{"model": "d"}, {"model": "t"}]},
+        "strategy": {"name": strategy, "lookahead": 0}, "dataset": {"name": "humaneval"},
+        "max_new_tokens": max_new_tokens,
+    })  # fmt: skip
+    for r in records:
+        store.append(r, {"stages": []})
+    from pipespec.results import read_config, summarize_run
+
+    store.write_summary(summarize_run(read_config(directory), store.records, True))
+    return directory
+
+
+def test_reference_run_must_be_a_comparable_greedy_run(tmp_path):
+    greedy = write_run(tmp_path / "g", "greedy", records=[record("a", 0, [1, 2, 3, 4])])
+    fast = write_run(tmp_path / "p", "pipespec", records=[dict(record("a", 0, [1, 2, 3, 4]), time_s=0.2)])
+    summary = refresh_reference(fast, str(greedy))
+    assert summary["identical_to_greedy"] == "1/1" and summary["speedup_vs_greedy"] == pytest.approx(2.0)
+    other_budget = write_run(tmp_path / "g2", "greedy", max_new_tokens=16)
+    with pytest.raises(ResultsError, match="not comparable"):
+        find_greedy_reference(fast, {"models": {"stages": [{"model": "t"}]}, "strategy": {"name": "sd"},
+                                     "dataset": {"name": "humaneval"}, "max_new_tokens": 8}, str(other_budget))  # fmt: skip
+    with pytest.raises(ResultsError, match="not greedy"):
+        refresh_reference(greedy, str(fast))
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("max_new_tokens=0", "max_new_tokens must be an integer > 0"),
+        ("strategy.lookahead=-1", "lookahead must be an integer >= 0"),
+        ("models.family=robot", "models.family must be 'base' or 'chat'"),
+        ("dataset=cnn_dailymail", "dataset.path"),
+        ("models.stages=[{model:/nonexistent/model},{model:/nonexistent/target}]", "does not exist"),
+        ("dataset=xsum dataset.path=FIXTURE dataset.source_field=body", "body"),
+        ("dataset=xsum dataset.path=EMPTY", "has no rows"),
+    ],
+)
+def test_bad_options_give_one_line_errors_and_write_no_results(override, message, tmp_path):
+    run_dir = tmp_path / "bad"
+    (tmp_path / "x.jsonl").write_text(json.dumps({"id": "1", "document": "A story.", "summary": "Story."}) + "\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    overrides = override.replace("FIXTURE", str(tmp_path / "x.jsonl")).replace("EMPTY", str(tmp_path / "empty.jsonl"))
+    dataset = [] if override.startswith("dataset=") else ["dataset=news_lee_cnndm"]
+    result = run_cli("models=tiny_k2", *dataset, "dataset.n_samples=1", "max_new_tokens=4",
+                     *overrides.split(), f"hydra.run.dir={run_dir}", timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert not (run_dir / "samples.jsonl").exists() and not (run_dir / "summary.json").exists()
+
+
+def test_an_unknown_config_key_is_refused_by_hydra(tmp_path):
+    result = run_cli("max_new_token=4", f"hydra.run.dir={tmp_path}/x", timeout=60)
+    assert result.returncode != 0 and "max_new_token" in result.stderr
