@@ -1,0 +1,118 @@
+"""`python -m experiments.bench` end to end on tiny models, and its arithmetic on hand-made traces."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipespec.api import GenerationResult
+from pipespec.trace import StageTrace
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ["hf_greedy", "hf_assisted", "hf_prompt_lookup", "greedy", "sd", "pipespec_k2", "pipespec_k3"]
+TINY = [
+    "dataset=random",
+    "samples=2",
+    "max_new_tokens=8",
+    "repetitions=2",
+    "warmup_tokens=4",
+    "prepass_prompts=1",
+    "progress=false",
+    "hierarchies.k2=tiny_k2",
+    'hierarchies.k3=[{kind:prompt_lookup,ngram_size:3,max_proposal:8},{model:"tiny:draft_noise0.05"},{model:"tiny:target"}]',
+    "sd_windows=[2,3]",
+    "hf.assisted=[{num_assistant_tokens:20},{num_assistant_tokens:3,assistant_confidence_threshold:0.0}]",
+]
+
+
+def bench(tmp_path, *overrides, timeout=240):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.bench", *overrides, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_bench_end_to_end_on_tiny_models(tmp_path):
+    done = bench(tmp_path, *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["name"]: r for r in report["systems"]}
+    assert list(rows) == SYSTEMS
+    for name, r in rows.items():
+        assert r["tokens_per_s_min"] <= r["tokens_per_s_median"] <= r["tokens_per_s_max"], name
+        assert len(r["tokens_per_s_per_repetition"]) == 2 and r["runs"] == 4
+        # every system returns exactly greedy's tokens (tiny models have no near-ties)
+        assert r["identical_to_greedy"] == "4/4", name
+        assert r["peak_rss_mb"] and all(p["peak_rss_mb"] > 0 for p in r["peak_rss_mb"]), name
+        assert r["ratio_vs_hf_greedy"] is not None and r["ratio_vs_hf_assisted"] is not None
+    assert rows["hf_greedy"]["ratio_vs_hf_greedy"] == pytest.approx(1.0)
+    assert len(rows["pipespec_k3"]["peak_rss_mb"]) == 3 and len(rows["hf_greedy"]["peak_rss_mb"]) == 1
+    for name in ("greedy", "sd", "pipespec_k2", "pipespec_k3"):
+        r = rows[name]
+        assert r["ideal_bound_tokens_per_s"] > 0 and 0 < r["target_busy_fraction"] <= 1
+        assert r["breakdown"]["stages"][-1]["compute_ms_per_token"] > 0
+    assert rows["sd"]["settings"]["window"] in (2, 3) and report["sd_best_window"] == rows["sd"]["settings"]["window"]
+    assert [p["window"] for p in report["prepass"]["sd"]] == [2, 3]
+    assert len(report["prepass"]["hf_assisted"]) == 2
+    assert rows["hf_prompt_lookup"]["settings"] == {"prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 3}
+    assert {t["target"] for t in report["targets"]} >= {"greedy_vs_hf_greedy", "pipespec_vs_ideal"}
+    assert all(t["met"] or t["why"] for t in report["targets"])  # a miss says why
+    table = (tmp_path / "bench.md").read_text()
+    assert "| system | tok/s median |" in table and "## Where the time goes" in table
+    assert all(f"| {name} |" in table for name in SYSTEMS)
+    assert "| system | tok/s median |" in done.stdout  # printed too
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert len(runs) == 7 * 4 and all("stage_traces" in r for r in runs if r["system"] == "pipespec_k3")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("systems=[hf_greedy,nope]", "unknown system(s) ['nope']"),
+        ("dataset=nothing", "unknown dataset 'nothing'"),
+    ],
+)
+def test_bad_config_is_a_one_line_error(tmp_path, override, message):
+    done = bench(tmp_path, *TINY, override, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: ") and message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _result(target_steps, drafter_busy, tokens, time_s, target_wall):
+    drafter, target = StageTrace(0, "d"), StageTrace(1, "t")
+    t = 0.0
+    for fed, kind, offered, accepted, produced, seconds in target_steps:
+        target.record(t, t + seconds, kind, fed, offered, accepted, produced)
+        t += seconds
+    target.start_time, target.end_time = 0.0, target_wall
+    for j in range(len(drafter_busy)):
+        drafter.record(j, j + drafter_busy[j], "draft", 1, 0, 0, 1)
+    drafter.start_time, drafter.end_time = 0.0, target_wall
+    return GenerationResult(list(range(tokens)), "", time_s, "pipespec", 0, [drafter, target])
+
+
+def test_ideal_bound_and_breakdown_arithmetic():
+    from experiments.bench import analyse_pipeline_runs, fit_step_cost
+
+    a, b = fit_step_cost([1, 2, 3, 4], [0.012, 0.014, 0.016, 0.018])
+    assert a == pytest.approx(0.010) and b == pytest.approx(0.002)
+    assert fit_step_cost([3, 3], [0.04, 0.06]) == pytest.approx((0.05, 0.0))
+    # prefill (t0 = 0.1 s, 1 token), then 4 verifications of 2 drafts, all accepted (3 tokens each): T = 13
+    steps = [(10, "single", 0, 0, 1, 0.1)] + [(3, "verify", 2, 2, 3, 0.04)] * 4
+    run = _result(steps, [0.01] * 12, tokens=13, time_s=0.6, target_wall=0.5)
+    out = analyse_pipeline_runs([run], 2, ["0:d", "1:t"])
+    ideal = out["ideal"]
+    assert ideal["accepted_per_verify"] == 2 and ideal["fed_per_verify"] == 3
+    # target: 0.1 + (13 - 1) * t(3) / (2 + 1) = 0.26 s > drafter compute 0.12 s
+    assert ideal["tokens_per_s"] == pytest.approx(13 / 0.26)
+    assert ideal["binding_stage"] == "1:t"
+    target = out["stages"][1]
+    assert target["compute_ms_per_token"] == pytest.approx(1000 * 0.26 / 13)
+    assert target["idle_ms_per_token"] == pytest.approx(1000 * 0.24 / 13)
+    assert out["driver_overhead_ms_per_token"] == pytest.approx(1000 * 0.1 / 13)
+    assert out["stages"][0]["ideal_limit_tokens_per_s"] == pytest.approx(13 / 0.12)
