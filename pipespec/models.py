@@ -167,7 +167,9 @@ def load_model(spec: StageSpec):
     """Load a stage's model for inference (eval mode, dtype, device, quantization)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # stage processes load quietly; their bars only interleave with the run's
     path = resolve_model_path(spec.model)
     kwargs: dict[str, Any] = {"dtype": getattr(torch, spec.dtype)}
     if spec.quantize == "nf4":
