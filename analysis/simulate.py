@@ -49,9 +49,17 @@ Strategies
   forwards the rollback further upstream. Each hop takes ``rollback_delay``
   seconds (0: immediate, the whole cascade at once).
 
+Optional, for machines where stages share CPU cores and drafters that may
+have nothing to propose (``analysis.wallclock`` uses both): ``contention``
+slows a stage's step while others compute (processor sharing), and
+``supply`` lets a drafter (prompt lookup) find no proposal when a commit
+reaches it, so its verifier takes a one-token step (in sd: the round has no
+window). Acceptance specs may also be subclasses of ``Bernoulli`` with their
+own sampler (e.g. acceptance in runs).
+
 What the simulator does not model: EOS, prefill, variable step times beyond
 the linear cost, communication time other than ``rollback_delay``, and
-verifier-side tie effects (acceptance is purely the i.i.d. draws above).
+verifier-side tie effects (acceptance is purely the draws above).
 """
 
 from __future__ import annotations
@@ -190,6 +198,15 @@ def _as_cost(spec: StageCost | float | tuple[float, float]) -> StageCost:
     if isinstance(spec, numbers.Real):
         return StageCost(float(spec))  # a plain number is a fixed step time
     return StageCost(*spec)
+
+
+def _check_supply(supply, n_stages: int) -> list[float | None]:
+    if supply is None:
+        return [None] * n_stages
+    supply = [None if p is None else float(p) for p in supply]
+    if len(supply) != n_stages or not all(p is None or 0.0 <= p <= 1.0 for p in supply):
+        raise ValueError(f"supply needs one probability in [0, 1] or None per stage ({n_stages}), got {supply!r}")
+    return supply
 
 
 def _check_int(value: int, name: str, minimum: int) -> int:
@@ -378,6 +395,7 @@ def simulate_sync_sd(
     gamma: int,
     max_new_tokens: int,
     seed: int = 0,
+    supply: Sequence[float | None] | None = None,
 ) -> SimResult:
     """Synchronous (tiered) chain speculative decoding in lockstep rounds.
 
@@ -387,10 +405,14 @@ def simulate_sync_sd(
     target's output. ``gamma`` = 0 degenerates to autoregressive decoding of
     the target. ``costs``: one ``StageCost`` (or fixed seconds) per stage, target
     last; ``acceptances``: one alpha / ``Bernoulli`` / ``Replay`` / count list per pair.
+    ``supply``: optional, per stage; ``supply[0]`` is the probability that the
+    first stage has a window to propose in a round (prompt lookup finds no
+    match otherwise: the round is a one-token step of the chain).
     """
     costs, acceptances = _check_chain(costs, acceptances)
     gamma = _check_int(gamma, "gamma", 0)
     max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
+    supply = _check_supply(supply, len(costs))
     rng = np.random.default_rng(seed)
     samplers = [spec.sampler(rng) for spec in acceptances]
     tokens = _Tokens()
@@ -408,15 +430,17 @@ def simulate_sync_sd(
     while len(target.buffer) < max_new_tokens:
         committed = len(target.buffer)  # all stages agree on these tokens at a round start
         drafter = stages[0]
-        for _ in range(gamma):
+        proposes = supply[0] is None or rng.random() < supply[0]
+        for _ in range(gamma if proposes else 0):
             run_step(drafter, costs[0], len(drafter.buffer) - drafter.cached)
             drafter.cached = len(drafter.buffer)  # the context is now cached; the new token is not
             drafter.buffer.append(tokens.new(drafter.buffer))
         for i in range(1, len(stages)):
             upstream, stage = stages[i - 1].buffer, stages[i]
             drafts = upstream[committed:]
-            if not drafts and i < len(stages) - 1:
+            if not drafts and i < len(stages) - 1 and proposes:
                 continue  # a middle stage with nothing to verify idles this round
+            # (after a supply miss it takes a one-token step instead, whose token its verifier checks)
             run_step(stage, costs[i], committed - stage.cached + len(drafts))
             accepted = samplers[i - 1].verify(len(drafts)) if drafts else 0
             del stage.buffer[committed:]
@@ -447,6 +471,8 @@ def simulate_pipespec(
     verify_window: int | None = None,
     rollback_delay: float = 0.0,
     seed: int = 0,
+    contention: Sequence[float | None] | None = None,
+    supply: Sequence[float | None] | None = None,
 ) -> SimResult:
     """Asynchronous k-stage PipeSpec pipeline (see the module docstring for the rules).
 
@@ -454,7 +480,21 @@ def simulate_pipespec(
     still producing (0 = never wait). ``max_lead``: a non-target stage does not
     start a step while it is this many tokens ahead of its successor.
     ``verify_window``: optional cap on drafts per verification (None = all
-    available). ``rollback_delay``: seconds per upstream hop of a rollback.
+    available). ``rollback_delay``: seconds per upstream hop of a rollback (a
+    verifier waiting for ``lookahead`` drafts also waits while its commit is on
+    its way to a capped drafter, which will then produce again).
+    ``contention``: optional, per stage, the relative slowdown per other stage
+    computing at the same time (stages sharing CPU cores), as processor
+    sharing: while ``m`` other stages compute, stage i's step progresses at
+    rate 1 / (1 + contention[i] * m), so a step of cost t_i(n) alone takes
+    t_i(n) * (1 + contention[i] * m) if m stays constant. A None entry marks a
+    stage that takes no core (e.g. prompt lookup): neither slowed nor counted.
+    None (default): stages never slow each other.
+    ``supply``: optional, per stage, the probability that a drafter has
+    anything to propose when it starts afresh from its successor's output
+    (prompt lookup finds no match otherwise); a drafter without a proposal
+    idles until the next commit reaches it, and a verifier does not wait for
+    it. None entries (default): always.
     """
     costs, acceptances = _check_chain(costs, acceptances)
     max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
@@ -464,6 +504,17 @@ def simulate_pipespec(
         verify_window = _check_int(verify_window, "verify_window", max(lookahead, 1))
     if not (math.isfinite(rollback_delay) and rollback_delay >= 0):
         raise ValueError(f"rollback_delay must be a finite number >= 0, got {rollback_delay!r}")
+    if contention is not None:
+        contention = [None if c is None else float(c) for c in contention]
+        if len(contention) != len(costs) or not all(c is None or (math.isfinite(c) and c >= 0) for c in contention):
+            raise ValueError(f"contention needs one value >= 0 or None per stage ({len(costs)}), got {contention!r}")
+    supply = _check_supply(supply, len(costs))
+    in_flight = [0] * len(costs)  # commits on their way to each stage (rollback_delay > 0)
+    dry = [False] * len(costs)  # a drafter with nothing to propose until the next commit reaches it
+    work_left = [0.0] * len(costs)  # with contention: seconds of solo computing left in each stage's step
+    rate = [0.0] * len(costs)  # and the speed it progresses at now
+    version = [0] * len(costs)  # bumped when a step is rescheduled; older completion events are ignored
+    clock = [0.0]  # when work_left was last brought up to date
 
     rng = np.random.default_rng(seed)
     samplers = [spec.sampler(rng) for spec in acceptances]
@@ -489,13 +540,20 @@ def simulate_pipespec(
         if i == 0:
             return
         if rollback_delay > 0:
+            in_flight[i - 1] += 1
             schedule(now + rollback_delay, i - 1, token)
         else:
             apply_rollback(i - 1, token, now)
 
+    def look_again(j: int) -> None:
+        """A drafter with a finite supply, back at its successor's output, has a proposal or not."""
+        dry[j] = (supply[j] is not None and j < last and len(stages[j].buffer) <= len(stages[j + 1].buffer)
+                  and rng.random() >= supply[j])
+
     def apply_rollback(j: int, token: int, now: float) -> None:
         stage = stages[j]
         changed = tokens.rebase(stage.buffer, token)
+        look_again(j)  # a commit arrived: a prompt lookup looks for a match again
         if changed is None:
             return  # already consistent: nothing to roll back, the cascade stops here
         stage.cached = min(stage.cached, changed)
@@ -504,7 +562,7 @@ def simulate_pipespec(
 
     def try_start(i: int, now: float) -> None:
         stage = stages[i]
-        if stage.busy or capped(i):
+        if stage.busy or capped(i) or dry[i]:
             return
         uncached = len(stage.buffer) - stage.cached
         drafts: list[int] = []
@@ -514,14 +572,45 @@ def simulate_pipespec(
             if len(upstream) > committed and _agree_through(upstream, stage.buffer, committed):
                 end = len(upstream) if verify_window is None else min(len(upstream), committed + verify_window)
                 drafts = upstream[committed:end]
-            if len(drafts) < lookahead and not capped(i - 1):
-                return  # wait for the drafter, which is still producing
+            if len(drafts) < lookahead and (in_flight[i - 1] or not (capped(i - 1) or dry[i - 1])):
+                return  # wait for the drafter, which is still producing or will once our commit reaches it
         stage.busy = True
         stage.step_start = now
         stage.step_end = now + costs[i](max(uncached + len(drafts), 1))
         stage.step_epoch = stage.epoch
         stage.step_drafts = drafts
+        if contention is not None:
+            work_left[i] = stage.step_end - now  # scheduled by share_cores once everyone's state is known
+            rate[i] = 0.0
+            return
         schedule(stage.step_end, i, step_done)
+
+    def advance(now: float) -> None:
+        """Processor sharing: bring every busy stage's remaining work up to ``now``."""
+        for j, stage in enumerate(stages):
+            if stage.busy:
+                work_left[j] = max(work_left[j] - (now - clock[0]) * rate[j], 0.0)
+        clock[0] = now
+
+    def share_cores(now: float) -> None:
+        """Processor sharing: new speeds for the current set of busy stages; reschedule whose speed changed."""
+        busy = [j for j, stage in enumerate(stages) if stage.busy and contention[j] is not None]
+        for j, stage in enumerate(stages):
+            if not stage.busy:
+                continue
+            others = sum(1 for k in busy if k != j) if contention[j] is not None else 0
+            speed = 1.0 / (1.0 + (contention[j] or 0.0) * others)
+            if speed != rate[j]:
+                rate[j] = speed
+                version[j] += 1
+                stage.step_end = now + work_left[j] / speed
+                schedule(stage.step_end, j, step_done - version[j])
+
+    def start_all(now: float) -> None:
+        for j in range(last, -1, -1):  # downstream first: verifiers read their drafter's state as of now
+            try_start(j, now)
+        if contention is not None:
+            share_cores(now)
 
     def finish_step(i: int, now: float) -> bool:
         """Apply stage i's completed step; True when the target reached the token budget."""
@@ -558,8 +647,9 @@ def simulate_pipespec(
         send_upstream(i, stage.buffer[-1], now)
         return i == last and len(stage.buffer) >= max_new_tokens
 
-    for i in range(last, -1, -1):
-        try_start(i, 0.0)
+    for j in range(len(stages)):
+        look_again(j)
+    start_all(0.0)
     now = 0.0
     handled = 0
     while True:
@@ -569,13 +659,19 @@ def simulate_pipespec(
         if handled > max_events:
             raise RuntimeError("simulation exceeded its event budget")
         now, _, i, payload = heapq.heappop(events)
+        if contention is not None:
+            if payload <= step_done and payload != step_done - version[i]:
+                continue  # a completion time made stale by a change of speed
+            advance(now)
+            if payload <= step_done:
+                payload = step_done
         if payload == step_done:
             if finish_step(i, now):
                 break
         else:
+            in_flight[i] -= 1
             apply_rollback(i, payload, now)
-        for j in range(last, -1, -1):  # downstream first: verifiers read their drafter's state as of now
-            try_start(j, now)
+        start_all(now)
 
     for stage in stages:  # count the part of in-flight steps that ran before the end
         if stage.busy:

@@ -1,0 +1,268 @@
+"""Model-vs-measurement report of run directories (Markdown and a self-contained HTML page; no torch).
+
+    python -m analysis.report RUN_DIRS... [--out DIR] [--official DIR]
+
+For every run (a run directory, or a directory holding runs) it sets side by
+side: the measured tokens/s, our wall-clock model's prediction
+(``analysis.wallclock``) and the paper's (Eq. 4 / 5 over one target step), with
+their errors; then per run the fitted per-stage costs and per-pair estimates
+(alpha, rho, gamma, tokens per step) against the paper's Eq. 1 / 3 / 4. With
+``--official`` it adds both models on the authors' published logs of the largest
+target. ``DIR/report.md`` links the figures in ``DIR/figures/``;
+``DIR/report.html`` embeds them as base64 PNG, so it is one file.
+
+A directory that is not a run (or a corrupt file in one) stops the report with
+a one-line error naming it, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as _dt
+import html
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from analysis import figures, wallclock
+from analysis import import_official as official
+from analysis.results import ResultsError, find_runs
+
+TOLERANCE = 0.15  # the error our model is held to
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _num(value: float | None, spec: str = ".2f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{100 * value:+.1f}%"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None or not math.isfinite(seconds) else f"{1000 * seconds:.1f}"
+
+
+# --------------------------------------------------------------------------- content
+
+
+def summary_table(evaluations: Sequence[wallclock.RunEvaluation]) -> Table:
+    rows = []
+    for e in evaluations:
+        run = e.run
+        rows.append([
+            run.label, str(run.depth if run.strategy != "greedy" else 1), run.dataset,
+            str(e.measurement.samples), str(e.measurement.tokens),
+            _num(e.measured_tokens_per_s), _num(e.ours.tokens_per_s), _pct(e.ours_error),
+            _num(e.paper_tokens_per_s), _pct(e.paper_error), e.paper_t1_source,
+        ])
+    return Table(["run", "stages", "dataset", "samples", "tokens", "measured tok/s", "ours tok/s", "ours error",
+                  "paper tok/s", "paper error", "paper t_K(1) from"], rows)
+
+
+def stage_table(evaluation: wallclock.RunEvaluation) -> Table:
+    rows = []
+    predicted_busy = evaluation.ours.busy_fraction
+    for i, stage in enumerate(evaluation.measurement.stages):
+        cost = stage.cost
+        busy = predicted_busy[i] if i < len(predicted_busy) and evaluation.run.strategy != "greedy" else None
+        rows.append([
+            stage.name, stage.kind, str(stage.steps),
+            _ms(cost.fixed) if cost else "-", _ms(cost.per_token) if cost else "-",
+            _num(cost.contention) if cost else "-", f"{cost.min_fed}-{cost.max_fed}" if cost else "-",
+            _ms(stage.step_overhead_s), _ms(stage.prefill_s_per_token),
+            _num(stage.busy_fraction), _num(busy),
+        ])
+    return Table(["stage", "kind", "steps", "a ms", "b ms/token", "contention", "fed range", "overhead ms",
+                  "prefill ms/token", "busy measured", "busy predicted"], rows)
+
+
+def pair_table(evaluation: wallclock.RunEvaluation) -> Table:
+    rows = []
+    for pair in evaluation.measurement.pairs:
+        alpha = pair.alpha
+        rows.append([
+            f"{pair.drafter} -> {pair.verifier}",
+            "-" if alpha is None else f"{alpha.alpha:.3f} +- {_num(alpha.stderr, '.3f')}",
+            f"{_num(pair.alpha_first, '.3f')} / {_num(pair.alpha_next, '.3f')}",
+            str(pair.verify_steps), str(pair.single_steps), _num(pair.rho), _num(pair.gamma),
+            _num(pair.accepted_per_verify), _num(pair.tokens_per_step),
+        ])
+    return Table(["pair", "alpha (MLE +- se)", "alpha first / next", "verifications", "one-token steps", "rho", "gamma (offered/verify)",
+                  "accepted/verify", "tokens/step"], rows)
+
+
+def comparison_table(evaluation: wallclock.RunEvaluation) -> Table:
+    rows = [[c.quantity, c.scope, _num(c.predicted, ".3f"), _num(c.measured, ".3f"), _num(c.residual, "+.3f"),
+             _pct(c.relative_error)] for c in evaluation.comparisons]
+    ours = evaluation.ours
+    if evaluation.run.strategy != "greedy":
+        rows.append(["tokens/step (ours, simulated)", "target", _num(ours.tokens_per_target_step, ".3f"),
+                     _num(evaluation.measurement.target_tokens_per_step, ".3f"),
+                     _num(ours.tokens_per_target_step - evaluation.measurement.target_tokens_per_step, "+.3f"),
+                     _pct(ours.tokens_per_target_step / evaluation.measurement.target_tokens_per_step - 1)])
+    rows.append(["tokens/s (ours)", "run", _num(ours.tokens_per_s, ".3f"),
+                 _num(evaluation.measured_tokens_per_s, ".3f"),
+                 _num(ours.tokens_per_s - evaluation.measured_tokens_per_s, "+.3f"), _pct(evaluation.ours_error)])
+    return Table(["quantity", "scope", "predicted", "measured", "residual", "relative"], rows)
+
+
+def official_table(rows: Sequence[wallclock.OfficialPrediction]) -> Table:
+    return Table(
+        ["log", "strategy", "models", "measured ms/token", "ours ms/token", "ours error", "paper ms/token",
+         "paper error", "alpha used", "lookahead"],
+        [[r.file, r.strategy, ",".join(r.models), _num(r.measured_ms), _num(r.ours_ms), _pct(r.ours_error),
+          _num(r.paper_ms), _pct(r.paper_error), "/".join(f"{a:.3f}" for a in r.alphas) + f" ({r.alpha_source})",
+          str(r.lookahead)] for r in rows],
+    )
+
+
+ASSUMPTIONS = [
+    "Measured: tokens/s pooled over samples (sum of tokens / sum of generation time), as summary.json.",
+    "Ours (analysis.wallclock): the discrete-event simulator played with each stage's fitted step cost "
+    "t(n) = a + b n plus its per-step overhead, CPU contention as processor sharing (slowdown 1 + s per other "
+    "stage computing), each pair's acceptance in runs (first draft alpha_first, later ones alpha_next), the "
+    "run's lookahead and max_lead, the measured handoff latency per message hop (rollback delay; 2(k-1) hops "
+    "per sd round), the prefill of the stages on the critical path and the per-call dispatch time. "
+    "Prompt lookup is a drafter whose proposals cost ~0 and take no core, with a proposal after each commit "
+    "with its measured supply probability.",
+    "Paper: tokens per target step from Eq. 4 (pipespec; alpha and gamma of the last pair, gamma = measured mean "
+    "drafts offered) or Eq. 5 (sd; c = t_K(1) / t_{K-1}(1)), divided by one target step t_K(1); greedy = 1 / t_K(1). "
+    "It has no verification cost, no drafter supply limit, no rollback delay and no prefill.",
+    "Costs are fitted from each run's own traces (contention on the 2-core machine is folded in), so both models "
+    "see the same costs; neither is given the measured time.",
+]
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path | None = None) -> tuple[Path, Path]:
+    """Write DIR/report.md, DIR/report.html and DIR/figures/*.png; raise ResultsError on bad input."""
+    runs = find_runs(run_paths)
+    evaluations = wallclock.evaluate_runs(runs)
+    official_rows = None
+    if official_dir is not None:
+        try:
+            official_rows = wallclock.official_predictions(official_dir)
+        except official.OfficialLogError as error:
+            raise ResultsError(f"{official_dir}: {error}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    figure_dir = out / "figures"
+    figure_dir.mkdir(exist_ok=True)
+    images: list[tuple[str, str, bytes]] = []  # (name, caption, png)
+    notes: list[str] = []
+    for name, build in figures.ours_figures(runs, evaluations).items():
+        try:
+            data = figures.png_bytes(build())
+        except (LookupError, ValueError, ResultsError) as reason:
+            notes.append(f"{name}: skipped ({reason})")
+            continue
+        (figure_dir / f"{name}.png").write_bytes(data)
+        images.append((name, name.replace("_", " "), data))
+
+    errors = [abs(e.ours_error) for e in evaluations]
+    paper_errors = [abs(e.paper_error) for e in evaluations if e.paper_error is not None]
+    within = sum(err <= TOLERANCE for err in errors)
+    headline = (
+        f"Our model: largest |error| {100 * max(errors):.1f}%, mean {100 * sum(errors) / len(errors):.1f}%, "
+        f"{within}/{len(errors)} runs within {100 * TOLERANCE:.0f}%. "
+        + (f"Paper model: largest |error| {100 * max(paper_errors):.1f}%, mean "
+           f"{100 * sum(paper_errors) / len(paper_errors):.1f}%." if paper_errors else "Paper model: no prediction.")
+    )
+    env = runs[0].env
+    sections: list[tuple[str, list]] = []  # (heading, blocks: str paragraphs or Table)
+    sections.append(("Summary", [headline, summary_table(evaluations)]))
+    sections.append(("What is compared", ASSUMPTIONS))
+    for e in evaluations:
+        blocks: list = [f"Directory: {e.run.path}. Lookahead {e.run.lookahead}, max_lead {e.run.max_lead}; "
+                        f"handoff latency {_ms(e.measurement.handoff_s)} ms, dispatch {_ms(e.measurement.dispatch_s)} "
+                        f"ms per sample; predicted start-up {e.ours.startup_s:.2f} s of {e.ours.seconds:.2f} s.",
+                        stage_table(e)]
+        if e.measurement.pairs:
+            blocks.append(pair_table(e))
+        blocks.append(comparison_table(e))
+        sections.append((f"Run: {e.run.label}", blocks))
+    if official_rows is not None:
+        sections.append(("Published logs (largest target)", [
+            "Our simulator with the logs' mean step times; sd replays the logged accepted counts, pipespec uses "
+            "alphas calibrated so the simulated mean accepted per verification equals the logged one (the logs do "
+            "not record how many drafts were offered). Paper: Eq. 4 / 5 over the greedy log's step time.",
+            official_table(official_rows)]))
+    if notes:
+        sections.append(("Figures not drawn", notes))
+
+    title = "pipespec: model vs measurement"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = f"{env.get('cpu', '?')}, {env.get('cpu_count', '?')} CPUs" if env else "unknown machine"
+    intro = f"Generated {stamp} from {len(runs)} runs ({machine})."
+    md = [f"# {title}", "", intro, ""]
+    page = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
+            "margin:8px 0;font-size:13px}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"
+            "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style></head><body>",
+            f"<h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>"]
+    for heading, blocks in sections:
+        md += [f"## {heading}", ""]
+        page.append(f"<h2>{html.escape(heading)}</h2>")
+        for block in blocks:
+            if isinstance(block, Table):
+                md += [block.markdown(), ""]
+                page.append(block.html())
+            else:
+                md += [f"- {block}" if heading in ("What is compared", "Figures not drawn") else block, ""]
+                page.append(f"<p>{html.escape(block)}</p>")
+    md += ["## Figures", ""]
+    page.append("<h2>Figures</h2>")
+    for name, caption, data in images:
+        md += [f"![{caption}](figures/{name}.png)", ""]
+        encoded = base64.b64encode(data).decode("ascii")
+        page.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
+                    f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    page.append("</body></html>")
+    md_path, html_path = out / "report.md", out / "report.html"
+    md_path.write_text("\n".join(md))
+    html_path.write_text("\n".join(page))
+    return md_path, html_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories, or directories holding runs (a multirun)")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="output folder (default ./report)")
+    parser.add_argument("--official", type=Path, default=None,
+                        help="also compare both models on the authors' logs in this folder")
+    args = parser.parse_args(argv)
+    try:
+        md_path, html_path = build_report(args.runs, args.out, args.official)
+    except ResultsError as error:
+        print(f"error: {error}", file=sys.stderr)  # one line, no traceback
+        return 2
+    print(f"wrote {md_path}")
+    print(f"wrote {html_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
