@@ -17,14 +17,22 @@ The greedy reference of a run is a run of strategy greedy with the same target
 model, dataset and token budget: named by `reference_run`, or found among the
 sibling runs of the same multirun. Everything here is pure Python (no torch),
 so `analysis/` and `experiments.collect` use it on result files alone.
+
+This module is the only reader of these files: `read_summary`, `read_config`,
+`read_env`, `read_records`, `read_trace` and `find_run_dirs` validate them and
+raise `ResultsError` (one line naming the file or directory) for anything
+missing, corrupt or foreign; `analysis.results` builds its `Run` objects on them.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+import re
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -36,6 +44,13 @@ CONFIG = "config.yaml"
 ENV = "env.json"
 TRACES = "traces"
 RECORD_KEYS = ("sample_id", "index", "output_ids", "output_text", "new_tokens", "time_s", "stages")
+CONFIG_KEYS = ("models", "strategy", "dataset")
+# what summarize_run always writes and the readers (collect, analysis) rely on
+SUMMARY_KEYS = (
+    "strategy", "models", "dataset", "n_samples", "new_tokens", "total_time_s", "ms_per_token", "tokens_per_s",
+    "stages",
+)  # fmt: skip
+MAX_SEARCH_DEPTH = 4  # multirun folders nest run dirs one or two levels deep; do not crawl whole disks
 
 
 _UMASK = os.umask(0)
@@ -75,26 +90,72 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-# ---- one run directory ----------------------------------------------------------
+# ---- reading a run directory ----------------------------------------------------
+#
+# Every reader below raises ResultsError with a one-line message naming the file or
+# directory; `analysis.results` reads run directories through these functions only.
 
 
-def _valid_record(line: str) -> dict | None:
+def _reason(error: BaseException) -> str:
+    text = str(getattr(error, "strerror", None) or error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: missing") from None
+    except OSError as error:
+        raise ResultsError(f"{path}: cannot read ({_reason(error)})") from None
+
+
+def _read_mapping(path: Path, what: str) -> dict:
+    """A JSON or YAML file (`what`) that must hold a mapping."""
+    try:
+        text = _read_bytes(path).decode("utf-8")
+        data = json.loads(text) if what == "JSON" else yaml.safe_load(text)
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path}: corrupt {what} (not UTF-8 text)") from None
+    except json.JSONDecodeError as error:
+        raise ResultsError(f"{path}: corrupt JSON (line {error.lineno}: {error.msg})") from None
+    except yaml.YAMLError as error:
+        raise ResultsError(f"{path}: corrupt YAML ({_reason(error)})") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: not a mapping")
+    return data
+
+
+def _valid_record(line: bytes) -> dict | None:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     if not isinstance(record, dict) or any(key not in record for key in RECORD_KEYS):
         return None
-    return record
+    # the fields readers compute with: a hashable id, counts, a time, per-stage figures
+    counts = all(_is_number(record[key], int) and record[key] >= 0 for key in ("index", "new_tokens"))
+    typed = isinstance(record["sample_id"], (str, int)) and isinstance(record["stages"], list)
+    return record if counts and typed and _is_number(record["time_s"], (int, float)) else None
+
+
+def _is_number(value: Any, types: type | tuple) -> bool:
+    return isinstance(value, types) and not isinstance(value, bool)
 
 
 def read_records(run_dir: Path) -> tuple[list[dict], int]:
-    """The valid sample records of a run (first occurrence of each id) and how many lines were dropped."""
+    """The valid sample records of a run (first occurrence of each id) and how many lines were dropped.
+
+    A line that is not a complete record (half-written by a killed run, not UTF-8,
+    lacking a RECORD_KEYS field) or repeats an earlier sample id is dropped: the
+    rule of a resumable store, and the one every reader of samples.jsonl follows.
+    No samples.jsonl means no records yet.
+    """
     path = Path(run_dir) / SAMPLES
     if not path.exists():
         return [], 0
     records, seen, dropped = [], set(), 0
-    for line in path.read_text().splitlines():
+    for line in _read_bytes(path).splitlines():
         if not line.strip():
             continue
         record = _valid_record(line)
@@ -104,6 +165,10 @@ def read_records(run_dir: Path) -> tuple[list[dict], int]:
         seen.add(record["sample_id"])
         records.append(record)
     return records, dropped
+
+
+def trace_path(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / TRACES / f"{int(index):05d}.json.gz"
 
 
 class RunStore:
@@ -133,8 +198,9 @@ class RunStore:
         missing = [key for key in RECORD_KEYS if key not in record]
         if missing:
             raise ValueError(f"sample record lacks {missing}")
-        trace_path = self.run_dir / TRACES / f"{record['index']:05d}.json.gz"
-        atomic_write_bytes(trace_path, gzip.compress(json.dumps(trace).encode(), compresslevel=6))
+        atomic_write_bytes(
+            trace_path(self.run_dir, record["index"]), gzip.compress(json.dumps(trace).encode(), compresslevel=6)
+        )
         with open(self.run_dir / SAMPLES, "a") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
@@ -146,23 +212,27 @@ class RunStore:
 
 
 def read_trace(run_dir: Path, index: int) -> dict:
-    path = Path(run_dir) / TRACES / f"{index:05d}.json.gz"
+    """traces/NNNNN.json.gz of sample `index`: {"sample_id", "index", "stages": [StageTrace.to_dict(), ...]}."""
+    path = trace_path(run_dir, index)
+    data = _read_bytes(path)
     try:
-        return json.loads(gzip.decompress(path.read_bytes()))
-    except (OSError, EOFError, json.JSONDecodeError) as error:
-        raise ResultsError(f"{path}: not a readable trace file ({error})") from None
+        trace = json.loads(gzip.decompress(data))
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError):
+        raise ResultsError(f"{path}: corrupt trace (not gzip JSON)") from None
+    stages = trace.get("stages") if isinstance(trace, dict) else None
+    if not isinstance(stages, list) or not stages:
+        raise ResultsError(f"{path}: trace without a 'stages' list")
+    return trace
 
 
 def read_config(run_dir: Path) -> dict:
     path = Path(run_dir) / CONFIG
     if not path.exists():
         raise ResultsError(f"{run_dir}: not a pipespec run directory (no {CONFIG})")
-    try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ResultsError(f"{path}: corrupt YAML ({str(error).splitlines()[0]})") from None
-    if not isinstance(config, dict) or not all(k in config for k in ("models", "strategy", "dataset")):
-        raise ResultsError(f"{path}: not a pipespec run config (needs models, strategy, dataset)")
+    config = _read_mapping(path, "YAML")
+    missing = [key for key in CONFIG_KEYS if not isinstance(config.get(key), dict)]
+    if missing:
+        raise ResultsError(f"{path}: not a pipespec run config (needs {', '.join(missing)})")
     return config
 
 
@@ -170,33 +240,69 @@ def read_summary(run_dir: Path) -> dict:
     path = Path(run_dir) / SUMMARY
     if not path.exists():
         raise ResultsError(f"{run_dir}: not a pipespec run directory (no {SUMMARY})")
-    try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ResultsError(f"{path}: corrupt JSON ({error})") from None
-    if not isinstance(summary, dict) or "strategy" not in summary or "stages" not in summary:
-        raise ResultsError(f"{path}: not a pipespec run summary (needs strategy and stages)")
+    summary = _read_mapping(path, "JSON")
+    missing = [key for key in SUMMARY_KEYS if key not in summary]
+    if missing:
+        raise ResultsError(f"{path}: not a pipespec run summary (missing {', '.join(missing)})")
+    if not isinstance(summary["stages"], list):
+        raise ResultsError(f"{path}: stages is not a list")
+    rate = summary["tokens_per_s"]  # None: a run without any generation time (see summarize_run)
+    if rate is not None and not (_is_number(rate, (int, float)) and math.isfinite(rate) and rate >= 0):
+        raise ResultsError(f"{path}: tokens_per_s must be a number >= 0 or null, got {rate!r}")
     return summary
 
 
-def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    """Run directories named directly, or found below the given directories (e.g. a multirun)."""
+def read_env(run_dir: Path) -> dict:
+    """env.json (library versions, machine); {} where the run has none."""
+    path = Path(run_dir) / ENV
+    return _read_mapping(path, "JSON") if path.is_file() else {}
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """A finished or summarised run: a directory holding summary.json."""
+    return (Path(path) / SUMMARY).is_file()
+
+
+def _run_dirs_below(directory: Path, depth: int) -> list[Path]:
+    if is_run_dir(directory):
+        return [directory]
+    if depth <= 0:
+        return []
+    try:
+        children = [c for c in directory.iterdir() if c.is_dir() and not c.name.startswith(".")]
+    except OSError as error:
+        raise ResultsError(f"{directory}: cannot read ({_reason(error)})") from None
+    return [run for child in sorted(children, key=_natural_key) for run in _run_dirs_below(child, depth - 1)]
+
+
+def find_run_dirs(paths: Iterable[str | Path] | str | Path) -> list[Path]:
+    """Run directories named directly, or found below the given directories (e.g. a multirun).
+
+    A directory named directly counts if it holds summary.json or config.yaml (a run
+    killed before its summary); below it, directories holding summary.json are
+    searched for, MAX_SEARCH_DEPTH levels deep, skipping hidden ones (.hydra).
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
     found: list[Path] = []
     for path in map(Path, paths):
         if not path.exists():
             raise ResultsError(f"{path}: no such directory")
+        if not path.is_dir():
+            raise ResultsError(f"{path}: not a directory")
         if (path / SUMMARY).exists() or (path / CONFIG).exists():
             found.append(path)
             continue
-        below = sorted({p.parent for p in path.rglob(SUMMARY)}, key=_natural_key)
+        below = _run_dirs_below(path, MAX_SEARCH_DEPTH)
         if not below:
-            raise ResultsError(f"{path}: holds no pipespec run (no {SUMMARY} in it or below it)")
+            raise ResultsError(f"{path}: not a pipespec run directory (no {SUMMARY} here or below)")
         found.extend(below)
     return found
 
 
-def _natural_key(path: Path) -> list:
-    return [int(part) if part.isdigit() else part for part in path.parts]
+def _natural_key(path: Path) -> tuple:
+    # '10' after '9': numbered multirun subdirectories sort numerically
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path)))
 
 
 # ---- summaries ----------------------------------------------------------------
