@@ -10,11 +10,27 @@ The pipeline starts one process per stage (rank i + 1; this process is rank 0,
 the driver) and keeps them for every `generate` call until it is closed. Any
 failure of a stage ends the call with a `StageError` naming the stage, and the
 pipeline shuts every stage process down.
+
+Sampling (`temperature`, `top_k`, `top_p`, `seed`; defaults on the Pipeline,
+overrides per call) works in every strategy and is lossless: temperature 0 is
+greedy (token-identical to greedy decoding of the target), temperature > 0
+samples from the target's transformed distribution by speculative sampling
+(`pipespec.verify`). A call draws with seeds derived from (seed, stage), so for
+a fixed seed greedy and sd return the same tokens every time; pipespec returns
+tokens with the same distribution but not the same tokens, since which drafts a
+verifier sees, and so which random draws decide what, depends on timing. With
+seed None each call takes a fresh seed, recorded in `result.sampling`.
+
+`acceptance="synthetic"` (benchmarking only, never the default) makes each
+verifier keep each draft by a seeded coin with probability `synthetic_rates`
+(one rate, or one per drafter/verifier pair) instead of checking it; its
+results say `acceptance="synthetic"` and `lossless=False`.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import secrets
 import socket
 import threading
 import time
@@ -30,6 +46,7 @@ from pipespec.models import (
 )
 from pipespec.schedule import check_options, roles
 from pipespec.trace import StageTrace, format_summary, summarize
+from pipespec.verify import check_acceptance, check_sampling
 
 HOST = "127.0.0.1"
 
@@ -46,6 +63,10 @@ class GenerationResult:
     strategy: str
     lookahead: int
     stage_traces: list[StageTrace] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, seed of this call
+    acceptance: str = "exact"  # "exact" (the verify rule) or "synthetic" (seeded coins, for benchmarking)
+    synthetic_rates: list[float] | None = None  # per drafter/verifier pair, under synthetic acceptance
+    lossless: bool = True  # False: the tokens do not follow the target's (greedy or sampling) distribution
 
     def summary(self) -> list[dict[str, Any]]:
         return summarize(self.stage_traces, len(self.tokens))
@@ -79,6 +100,12 @@ class Pipeline:
         stall_timeout_s: float = 30.0,
         launch: str = "local",
         address: str | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        acceptance: str = "exact",
+        synthetic_rates: float | Sequence[float] | None = None,
     ):
         if launch not in ("local", "external"):
             raise ConfigError(f"launch must be 'local' or 'external', got {launch!r}")
@@ -88,6 +115,10 @@ class Pipeline:
         self.specs = [StageSpec.from_any(s) for s in stages]
         check_options(strategy, len(self.specs), lookahead, max_lead)
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
+        sampling = check_sampling(temperature, top_k, top_p, 0 if seed is None else seed)
+        check_acceptance(acceptance, synthetic_rates, len(self.specs), sampling)
+        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
+        self.acceptance, self.synthetic_rates = acceptance, synthetic_rates
         self.start_timeout_s, self.stall_timeout_s = start_timeout_s, stall_timeout_s
         # refuse mismatched vocabularies before any stage process starts
         self.tokenizer = check_shared_vocabulary(self.specs)
@@ -281,13 +312,33 @@ class Pipeline:
         max_lead: int | None = None,
         timeout_s: float | None = None,
         fault: dict | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        acceptance: str | None = None,
+        synthetic_rates: float | Sequence[float] | None = None,
     ) -> GenerationResult:
+        """Generate up to `max_new_tokens` after `prompt`; options left None take the pipeline's defaults."""
         from pipespec.stage import Job
 
+        def pick(value, default):
+            return default if value is None else value
+
         strategy = strategy or self.strategy
-        lookahead = self.lookahead if lookahead is None else lookahead
-        max_lead = self.max_lead if max_lead is None else max_lead
+        lookahead = pick(lookahead, self.lookahead)
+        max_lead = pick(max_lead, self.max_lead)
         stage_roles = roles(strategy, len(self.specs), lookahead, max_lead)
+        seed = pick(seed, self.seed)
+        sampling = check_sampling(
+            pick(temperature, self.temperature),
+            pick(top_k, self.top_k),
+            pick(top_p, self.top_p),
+            secrets.randbits(63) if seed is None else seed,  # recorded in the result: the call can be replayed
+        )
+        acceptance = check_acceptance(
+            pick(acceptance, self.acceptance), pick(synthetic_rates, self.synthetic_rates), len(self.specs), sampling
+        )
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be an integer > 0, got {max_new_tokens!r}")
         prompt_ids = self.encode(prompt)
@@ -303,7 +354,7 @@ class Pipeline:
         self._request += 1
         job = Job(
             self._request, prompt_ids, max_new_tokens, self.eos_ids, stage_roles, self.stall_timeout_s,
-            self.names, fault,
+            self.names, fault, sampling=sampling, acceptance=acceptance,
         )
         active = [i for i, role in enumerate(stage_roles) if role.active]
         started = time.perf_counter()
@@ -336,4 +387,9 @@ class Pipeline:
             strategy=strategy,
             lookahead=lookahead,
             stage_traces=[traces[i] for i in sorted(traces)],
+            sampling=sampling.as_dict(),
+            acceptance=acceptance.mode,
+            synthetic_rates=list(acceptance.rates) if acceptance.mode == "synthetic" else None,
+            # a test's deliberately wrong rule is not lossless either
+            lossless=acceptance.lossless and (fault or {}).get("action") != "accept_drafts",
         )

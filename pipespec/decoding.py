@@ -1,31 +1,47 @@
 """Decoding primitives shared by every strategy, in one process and in the stage processes.
 
 `model_step` is the only thing a model stage ever does: one forward pass over
-its pending committed tokens plus the offered drafts, the shared verify rule,
-and a cache crop back to exactly the tokens that stay committed. A plain
-decode step is a `model_step` with no drafts.
+its pending committed tokens plus the offered drafts, the shared verify rule
+(`pipespec.verify.VerifyRule`), and a cache crop back to exactly the tokens
+that stay committed. A plain decode step is a `model_step` with no drafts.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from pipespec.models import CausalLMRunner
-from pipespec.verify import greedy_verify
+from pipespec.verify import TokenDist, VerifyRule
 
 
-def model_step(runner: CausalLMRunner, sequence: Sequence[int], drafts: Sequence[int]) -> tuple[int, int, int]:
-    """Verify `drafts` after `sequence`; return (drafts accepted, own next token, tokens fed).
+class Step(NamedTuple):
+    accepted: int  # drafts kept
+    token: int  # the stage's own next token
+    fed: int  # tokens fed to the model
+    probs: object  # torch.Tensor of accepted + 1 rows when sampling (what each emitted token follows), else None
+
+
+GREEDY_RULE = VerifyRule()
+
+
+def model_step(
+    runner: CausalLMRunner,
+    sequence: Sequence[int],
+    drafts: Sequence[int],
+    draft_dists: Sequence[TokenDist] | None = None,
+    rule: VerifyRule = GREEDY_RULE,
+) -> Step:
+    """Verify `drafts` after `sequence` with `rule`.
 
     Afterwards the cache holds `sequence + drafts[:accepted]`; the own token is pending.
     """
     fed = len(sequence) - runner.cache_length + len(drafts)
     logits = runner.forward(sequence, drafts)
-    accepted, own_token = greedy_verify(drafts, logits)
-    runner.truncate(len(sequence) + accepted)
+    verdict = rule.decide(drafts, draft_dists, logits)
+    runner.truncate(len(sequence) + verdict.accepted)
     if runner.cached_length() != runner.cache_length:  # cheap guard against off-by-one rollbacks
         raise RuntimeError(f"KV cache holds {runner.cached_length()} tokens, expected {runner.cache_length}")
-    return accepted, own_token, fed
+    return Step(verdict.accepted, verdict.token, fed, verdict.probs)
 
 
 def is_finished(generated: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]) -> bool:
@@ -41,13 +57,24 @@ def final_output(generated: Sequence[int], max_new_tokens: int, eos_ids: Sequenc
     return out
 
 
-def greedy_generate(runner: CausalLMRunner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]):
-    """Autoregressive greedy decoding with a KV cache, in this process (the reference)."""
+def reference_generate(
+    runner: CausalLMRunner,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    rule: VerifyRule = GREEDY_RULE,
+) -> list[int]:
+    """Autoregressive decoding with a KV cache, in this process: greedy, or sampling with `rule` (the reference)."""
     runner.start()
     sequence = list(prompt_ids)
     generated: list[int] = []
     while not is_finished(generated, max_new_tokens, eos_ids):
-        _, token, _ = model_step(runner, sequence, [])
+        token = model_step(runner, sequence, [], rule=rule).token
         sequence.append(token)
         generated.append(token)
     return final_output(generated, max_new_tokens, eos_ids)
+
+
+def greedy_generate(runner: CausalLMRunner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]):
+    """Autoregressive greedy decoding with a KV cache, in this process (the reference)."""
+    return reference_generate(runner, prompt_ids, max_new_tokens, eos_ids)

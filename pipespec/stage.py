@@ -6,10 +6,12 @@ verifier).
 
 Messages (tuples; every one names the request it belongs to):
 - driver -> stage: ("generate", job), ("shutdown",)
-- downstream: ("drafts", request, buffer, more_coming, commits_seen): the
-  stage's whole generated buffer, whether it will produce more without hearing
-  back, and how many commits it has taken in (so a verifier can tell a stale
-  "not coming" from a fresh one)
+- downstream: ("drafts", request, buffer, more_coming, commits_seen, dists):
+  the stage's whole generated buffer, whether it will produce more without
+  hearing back, how many commits it has taken in (so a verifier can tell a
+  stale "not coming" from a fresh one), and the distributions of its tokens
+  (None at temperature 0 and under synthetic acceptance, where verifiers need
+  none)
 - upstream: ("commit", request, buffer): the verifier's whole generated buffer;
   the drafter adopts it (a rollback where they differ, a catch-up where the
   verifier is ahead) and, if it is a verifier itself, forwards it upstream
@@ -17,6 +19,23 @@ Messages (tuples; every one names the request it belongs to):
   ("result", ...) from the target, ("error", ...) from a stage that failed
 Buffers are at most max_new_tokens ids, so sending them whole keeps the
 protocol simple at a cost of microseconds.
+
+Distributions (`pipespec.verify` says what they are and what one costs) are
+sent once each, not with every buffer: `dists` is (floor, offset, list) and
+says "your copy of my distributions at positions >= offset is replaced by this
+list (buffer[offset:], None where I hold none); drop everything below floor".
+A stage stores, beside its buffer, the distribution each of its own tokens
+follows; a rollback drops those of the removed tokens and marks the positions
+from there unsent, so the verifier's copy always mirrors the drafter's at the
+last message. floor is the length of the verifier's last commit as the
+drafter knows it: below it the drafter holds the verifier's own tokens, which
+need no distribution, and both sides drop what they held there. A verifier
+takes as drafts the run of the drafter's tokens beyond its buffer that come
+with distributions; a token without one (in a stale buffer that happens to
+match after a rollback, a token the drafter adopted from the verifier) ends
+the run. A draft offered this way is always one the verifier has not checked
+before: to see position j again its buffer must have been rolled back to a
+prefix that differs from the one it checked j after.
 """
 
 from __future__ import annotations
@@ -32,6 +51,7 @@ from pipespec.decoding import final_output, is_finished, model_step
 from pipespec.models import CausalLMRunner, PromptLookup, StageSpec, load_model
 from pipespec.schedule import Role
 from pipespec.trace import StageTrace
+from pipespec.verify import Acceptance, Sampling, TokenDist, VerifyRule, encode_dist, point_mass
 
 POLL_S = 0.5  # how often a waiting stage checks that its driver is still alive
 DEBUG = bool(os.environ.get("PIPESPEC_DEBUG"))  # log every message and step to stderr
@@ -50,7 +70,11 @@ class Job:
     roles: list[Role]
     stall_timeout_s: float
     stage_names: list[str]
-    fault: dict | None = None  # fault injection for tests: {"stage": i, "after_steps": n, "action": ...}
+    # fault injection for tests: {"stage": i, "after_steps": n, "action": "raise"|"exit"|"hang"}, or
+    # {"stage": i, "action": "accept_drafts"}: that verifier keeps every draft unchecked (a wrong rule)
+    fault: dict | None = None
+    sampling: Sampling = Sampling()
+    acceptance: Acceptance = Acceptance()
 
 
 class StageEngine:
@@ -87,8 +111,15 @@ class StageRequest:
         self.upstream_rank = self.rank - 1 if self.role.has_upstream else None
         self.downstream_rank = self.rank + 1 if not self.role.is_target else None
         self.name = stage_names[index]
+        fault = job.fault or {}
+        wrong_rule = fault.get("stage") == index and fault.get("action") == "accept_drafts"
+        self.rule = VerifyRule(job.sampling, job.acceptance, index, check_drafts=not wrong_rule)
         self.out: list[int] = []  # this stage's generated buffer (its O_i)
+        self.dists: list[TokenDist | None] = []  # beside `out`: the distribution each own token follows
+        self.dists_unsent_from = 0  # positions from here changed since the last "drafts" message
+        self.dists_pruned = 0  # positions below are below the verifier's commit: dropped
         self.upstream_buffer: list[int] = []  # the drafter's buffer as last published
+        self.upstream_dists: dict[int, TokenDist] = {}  # the drafter's distributions by position
         self.upstream_more = self.role.has_upstream
         self.commits_sent = 0
         self.commits_received = 0
@@ -106,8 +137,10 @@ class StageRequest:
         self.log("got", message)
         kind = message[0]
         if kind == "drafts":
-            _, _, buffer, more_coming, commits_seen = message
+            _, _, buffer, more_coming, commits_seen, dists = message
             self.upstream_buffer = buffer
+            if dists is not None:
+                self.take_dists(*dists)
             # a "not coming" sent before our latest commit arrived says nothing about now
             self.upstream_more = more_coming or commits_seen < self.commits_sent
         elif kind == "commit":
@@ -128,11 +161,35 @@ class StageRequest:
             common += 1
         if common < len(self.out) and common < len(verifier_buffer):
             self.trace.note_rollback(len(self.out) - common)
-            self.out = list(verifier_buffer)
+            self.replace_tail(common, verifier_buffer)
         elif len(verifier_buffer) > len(self.out):
-            self.out = list(verifier_buffer)
+            self.replace_tail(common, verifier_buffer)
         self.engine.truncate(len(self.job.prompt_ids) + common)
         self.downstream_committed = len(verifier_buffer)
+        for i in range(self.dists_pruned, min(self.downstream_committed, len(self.dists))):
+            self.dists[i] = None  # never offered again (see the module docstring): free the memory
+        self.dists_pruned = max(self.dists_pruned, self.downstream_committed)
+
+    def replace_tail(self, common: int, verifier_buffer: list[int]) -> None:
+        """Take the verifier's tokens from `common` on; it needs no distribution for its own tokens."""
+        self.out = list(verifier_buffer)
+        self.dists = self.dists[:common] + [None] * (len(self.out) - common)
+        self.dists_unsent_from = min(self.dists_unsent_from, common)
+        self.dists_pruned = min(self.dists_pruned, common)  # own tokens drafted from here on are new
+
+    def take_dists(self, floor: int, offset: int, dists: list) -> None:
+        """Mirror the drafter's distributions: keep [floor, offset), replace the rest by `dists`."""
+        kept = {i: d for i, d in self.upstream_dists.items() if floor <= i < offset}
+        kept.update((offset + j, d) for j, d in enumerate(dists) if d is not None)
+        self.upstream_dists = kept
+
+    def extend(self, tokens: list[int], probs) -> None:
+        """Append own tokens; keep the distribution each follows when a verifier downstream needs it."""
+        self.out.extend(tokens)
+        if probs is None or self.downstream_rank is None:
+            self.dists.extend([None] * len(tokens))
+        else:
+            self.dists.extend(p if isinstance(p, TokenDist) else encode_dist(p) for p in probs)
 
     def commit_upstream(self) -> None:
         self.commits_sent += 1
@@ -145,16 +202,31 @@ class StageRequest:
         state = (tuple(self.out), more_coming, self.commits_received)
         if state != self.last_published:
             self.last_published = state
+            dists = None
+            if self.rule.uses_dists:
+                offset = max(self.dists_unsent_from, self.downstream_committed)
+                dists = (self.downstream_committed, offset, self.dists[offset:])
+                self.dists_unsent_from = len(self.out)
             self.transport.send(
-                self.downstream_rank, ("drafts", self.job.request, list(self.out), more_coming, self.commits_received)
+                self.downstream_rank,
+                ("drafts", self.job.request, list(self.out), more_coming, self.commits_received, dists),
             )
 
     # ---- scheduling -------------------------------------------------------
-    def available_drafts(self) -> list[int]:
+    def available_drafts(self) -> tuple[list[int], list[TokenDist] | None]:
+        """The drafter's tokens beyond this stage's buffer, and their distributions when the rule needs them."""
         n = len(self.out)
-        if len(self.upstream_buffer) > n and self.upstream_buffer[:n] == self.out:
-            return self.upstream_buffer[n:]
-        return []
+        if not (len(self.upstream_buffer) > n and self.upstream_buffer[:n] == self.out):
+            return [], None
+        drafts = self.upstream_buffer[n:]
+        if not self.rule.uses_dists:
+            return drafts, None
+        dists = []
+        for position in range(n, len(self.upstream_buffer)):
+            if position not in self.upstream_dists:
+                break  # not the drafter's own token: one it adopted from an earlier commit of ours
+            dists.append(self.upstream_dists[position])
+        return drafts[: len(dists)], dists
 
     def next_action(self) -> tuple[str, Any]:
         """("finish"|"propose"|"model", payload) to act, or ("wait", more_coming) to wait for a message."""
@@ -173,7 +245,8 @@ class StageRequest:
             limit = min(room, role.max_lead - (len(self.out) - self.downstream_committed))
             proposal = self.engine.lookup.propose(job.prompt_ids + self.out, limit)
             return ("propose", proposal) if proposal else ("wait", False)
-        drafts = self.available_drafts()[: max(room - 1, 0)] if role.has_upstream else []
+        drafts, dists = self.available_drafts() if role.has_upstream else ([], None)
+        drafts = drafts[: max(room - 1, 0)]
         for i, token in enumerate(drafts):
             if token in job.eos_ids:
                 drafts = drafts[: i + 1]  # nothing after an EOS can be kept
@@ -182,22 +255,24 @@ class StageRequest:
             wanted = room - 1 if role.min_lead is None else min(role.min_lead, room - 1)
             if len(drafts) < wanted:
                 return "wait", True
-        return "model", drafts
+        return "model", (drafts, dists[: len(drafts)] if dists is not None else None)
 
-    def step(self, kind: str, payload: list[int]) -> None:
-        self.log("step", kind, payload, "out", self.out)
+    def step(self, kind: str, payload) -> None:
+        self.log("step", kind, payload if kind == "propose" else payload[0], "out", self.out)
         started = time.perf_counter()
         if kind == "propose":
-            self.out.extend(payload)
+            # a deterministic proposal: each token's distribution is a point mass on it
+            self.extend(payload, [point_mass(t) for t in payload] if self.rule.uses_dists else None)
             self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(payload))
             return
-        drafts = payload
+        drafts, draft_dists = payload
         sequence = self.job.prompt_ids + self.out
-        accepted, own_token, fed = model_step(self.engine.runner, sequence, drafts)
-        self.out.extend(drafts[:accepted])
-        self.out.append(own_token)
+        step = model_step(self.engine.runner, sequence, drafts, draft_dists, self.rule)
+        self.extend(drafts[: step.accepted] + [step.token], step.probs)
         step_kind = "verify" if drafts else ("single" if self.role.has_upstream or self.role.is_target else "draft")
-        self.trace.record(started, time.perf_counter(), step_kind, fed, len(drafts), accepted, accepted + 1)
+        self.trace.record(
+            started, time.perf_counter(), step_kind, step.fed, len(drafts), step.accepted, step.accepted + 1
+        )
 
     # ---- loop -------------------------------------------------------------
     def run(self, receive) -> list[int] | None:
@@ -241,6 +316,8 @@ class StageRequest:
         if not fault or fault.get("stage") != self.index or steps != fault.get("after_steps", 1):
             return
         action = fault.get("action", "raise")
+        if action == "accept_drafts":
+            return  # a rule change, set up when the request started
         if action == "raise":
             raise RuntimeError(f"injected fault in stage {self.index} after {steps} steps")
         if action == "exit":

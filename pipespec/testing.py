@@ -4,6 +4,9 @@ The target is a small random LLaMA; each draft is the target's weights plus
 Gaussian noise of a chosen relative size, so agreement with the target goes
 from high (small noise) to low (large noise). All share one word-level
 tokenizer saved beside each model, so they pass the shared-vocabulary check.
+A small `vocab_size` (e.g. 16) and `eos_token_id=None` (no EOS: every output
+has the full budget) make the target's sequence distribution small enough to
+compute exactly, for statistical tests of sampling.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def make_tokenizer(vocab_size: int = VOCAB_SIZE):
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="t0", eos_token="t1")
 
 
-def tiny_config(vocab_size: int = VOCAB_SIZE, eos_token_id: int = 1):
+def tiny_config(vocab_size: int = VOCAB_SIZE, eos_token_id: int | None = 1):
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -44,7 +47,11 @@ def tiny_config(vocab_size: int = VOCAB_SIZE, eos_token_id: int = 1):
 
 
 def build_tiny_hierarchy(
-    directory: str | Path, draft_noise: Sequence[float], seed: int = 0, eos_token_id: int = 1
+    directory: str | Path,
+    draft_noise: Sequence[float],
+    seed: int = 0,
+    eos_token_id: int | None = 1,
+    vocab_size: int = VOCAB_SIZE,
 ) -> list[str]:
     """Save drafts (noise levels, in order) then the target; return their paths, smallest... target last."""
     import torch
@@ -52,9 +59,9 @@ def build_tiny_hierarchy(
 
     directory = Path(directory)
     torch.manual_seed(seed)
-    config = tiny_config(eos_token_id=eos_token_id)
+    config = tiny_config(vocab_size, eos_token_id)
     target = LlamaForCausalLM(config).eval()
-    tokenizer = make_tokenizer()
+    tokenizer = make_tokenizer(vocab_size)
     paths = []
     for i, noise in enumerate(list(draft_noise) + [None]):
         model = target

@@ -109,7 +109,7 @@ def test_cache_rollback_is_exact(tiny, prompts):
     sequence = list(prompts[3])
     truth = greedy_generate(CausalLMRunner(model), sequence, 6, [])
     drafts = truth[:3] + [(truth[3] + 1) % 256, 5, 6]  # three right, then wrong
-    accepted, own, fed = model_step(runner, sequence, drafts)
+    accepted, own, fed, _ = model_step(runner, sequence, drafts)
     assert (accepted, own) == (3, truth[3])
     assert fed == len(sequence) + len(drafts)
     assert runner.cache_length == runner.cached_length() == len(sequence) + 3
