@@ -68,7 +68,7 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             {
                 "run": str(run["dir"]),
                 "models": summary["models"],
-                "strategy": summary["strategy"],
+                "strategy": summary["strategy"] + ("" if summary.get("lossless", True) else " [synthetic, not lossless]"),
                 "lookahead": summary.get("lookahead"),
                 "dataset": summary["dataset"] + (" (stand-in)" if summary.get("stand_in") else ""),
                 "n_samples": summary["n_samples"],

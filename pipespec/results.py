@@ -366,6 +366,7 @@ def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]
         "max_lead": strategy.get("max_lead"),
         "acceptance": acceptance_mode(config),
         "lossless": acceptance_mode(config) == "exact",
+        "sampling": config.get("sampling"),
         "total_time_s": total_time,
         "ms_per_token": _ratio(1000 * total_time, tokens),
         "tokens_per_s": _ratio(tokens, total_time),
@@ -402,8 +403,16 @@ def target_key(config: Mapping[str, Any]) -> tuple:
         dataset["name"],
         json.dumps(dataset.get("path")),
         config["max_new_tokens"],
-        json.dumps(config.get("sampling"), sort_keys=True),
+        _sampling_key(config.get("sampling")),
     )
+
+
+def _sampling_key(sampling: Mapping[str, Any] | None) -> str:
+    """Temperature 0 (or no sampling section) is greedy whatever top-k / top-p / seed say."""
+    sampling = sampling or {}
+    if not sampling.get("temperature"):
+        return "greedy"
+    return json.dumps({k: sampling.get(k) for k in ("temperature", "top_k", "top_p")}, sort_keys=True)
 
 
 def acceptance_mode(config: Mapping[str, Any]) -> str:
@@ -468,6 +477,8 @@ def refresh_reference(run_dir: Path, reference_run: str | None = None) -> dict |
     records, _ = read_records(run_dir)
     reference_records, _ = read_records(reference)
     summary.update(compare_with_reference(records, reference_records))
+    if (config.get("sampling") or {}).get("temperature", 0):
+        summary["identical_to_greedy"] = None  # sampled outputs are equal in distribution, not token by token
     summary["reference_run"] = str(reference)
     atomic_write_json(run_dir / SUMMARY, summary)
     return summary
