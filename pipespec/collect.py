@@ -68,7 +68,7 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             {
                 "run": str(run["dir"]),
                 "models": summary["models"],
-                "strategy": summary["strategy"] + ("" if summary.get("lossless", True) else " [synthetic, not lossless]"),
+                "strategy": summary["strategy"] + _acceptance_label(summary),
                 "lookahead": summary.get("lookahead"),
                 "dataset": summary["dataset"] + (" (stand-in)" if summary.get("stand_in") else ""),
                 "n_samples": summary["n_samples"],
@@ -84,6 +84,12 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _acceptance_label(summary: dict) -> str:
+    if summary.get("lossless", True):
+        return ""
+    return f" [synthetic {summary.get('synthetic_rate')}, not lossless]"
 
 
 def _cell(value: Any) -> str:

@@ -367,6 +367,7 @@ def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]
         "acceptance": acceptance_mode(config),
         "lossless": acceptance_mode(config) == "exact",
         "sampling": config.get("sampling"),
+        "synthetic_rate": (config.get("acceptance") or {}).get("rate") if acceptance_mode(config) != "exact" else None,
         "total_time_s": total_time,
         "ms_per_token": _ratio(1000 * total_time, tokens),
         "tokens_per_s": _ratio(tokens, total_time),
