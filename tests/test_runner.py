@@ -283,3 +283,22 @@ def test_bad_options_give_one_line_errors_and_write_no_results(override, message
 def test_an_unknown_config_key_is_refused_by_hydra(tmp_path):
     result = run_cli("max_new_token=4", f"hydra.run.dir={tmp_path}/x", timeout=60)
     assert result.returncode != 0 and "max_new_token" in result.stderr
+
+
+# ---- quality per sample ----------------------------------------------------------------
+
+
+def test_per_sample_quality_rouge_and_opt_in_pass_at_1():
+    from pipespec.data import load_dataset
+    from pipespec.data.loaders import Sample
+    from pipespec.runner import quality_of
+
+    problem = load_dataset({"name": "humaneval", "loader": "humaneval", "ids": ["HumanEval/2"]}).samples[0]
+    assert quality_of(problem, problem.reference, "code", "base", execute_code=False) is None  # opt-in only
+    assert quality_of(problem, problem.reference, "code", "base", execute_code=True)["passed"] == 1.0
+    assert quality_of(problem, "    return None\n", "code", "base", execute_code=True)["passed"] == 0.0
+    fenced = "Here it is:\n```python\ndef truncate_number(number: float) -> float:\n    return number % 1.0\n```"
+    assert quality_of(problem, fenced, "code", "chat", execute_code=True)["passed"] == 1.0
+    article = Sample("a", "The cat sat on the mat all day.", "A cat sat on a mat.", {})
+    scores = quality_of(article, "A cat sat on a mat.", "summarization", "base", execute_code=False)
+    assert scores["rouge1"] == pytest.approx(1.0)
