@@ -30,6 +30,7 @@ results say `acceptance="synthetic"` and `lossless=False`.
 from __future__ import annotations
 
 import multiprocessing
+import re
 import secrets
 import socket
 import threading
@@ -82,10 +83,31 @@ def _free_port() -> int:
 
 
 def _context():
-    # a fork server imports torch and transformers once; stage processes are forked from it
+    # a fork server imports torch and transformers once; stage processes are forked from it. transformers
+    # imports its model code lazily (about 3 CPU-s per process): preload the LLaMA family's (all ours use it)
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipespec.stage"])
+    ctx.set_forkserver_preload(["pipespec.stage", "transformers.models.llama.modeling_llama"])
     return ctx
+
+
+_WAITED_FOR = re.compile(r" waited \S+ s for stage (\d+):")  # a stall report of pipespec.stage
+
+
+def _end_of_wait_chain(causes: list[tuple]) -> tuple:
+    """The report to blame: after a hang, stage A reports it waited for B, B that it waited for C...;
+    the stage that stopped responding is the first one in that chain that reported nothing."""
+    waits = {}
+    for cause in causes:
+        if (match := _WAITED_FOR.search(cause[2])) is not None:
+            waits.setdefault(cause[1], (int(match.group(1)), cause))
+    index, seen = causes[0][1], set()
+    while index in waits and index not in seen:
+        seen.add(index)
+        waited_for, cause = waits[index]
+        if waited_for not in waits:
+            return cause
+        index = waited_for
+    return causes[0]  # not a stall, or a cycle (a lost message: each waits for the other)
 
 
 class Pipeline:
@@ -239,22 +261,31 @@ class Pipeline:
 
     def _diagnose_and_fail(self, errors: list[tuple]) -> None:
         """Find the root cause among stage reports and process deaths, shut down, raise StageError."""
-        # a failing stage takes its neighbours' links down too: let their reports arrive, then choose
-        settle = time.monotonic() + 0.5
-        while time.monotonic() < settle and self.transport is not None:
+        # a failing stage takes its neighbours' links down too: let their reports arrive, then choose;
+        # after a stall, longer: every stage waiting in the chain reports, and the last one names the culprit
+        started = time.monotonic()
+        while self.transport is not None:
+            stalled = any(_WAITED_FOR.search(e[2]) for e in errors)
+            if time.monotonic() >= started + (1.0 if stalled else 0.5):
+                break
             item = self.transport.receive(0.05)
             if item is not None and item[1][0] == "error":
                 errors.append(item[1])
         for process in self.processes:
             process.join(0.3)  # a stage that lost a link exits within POLL_S; its exit code tells the story
-        reported = {e[1] for e in errors}
         causes = [e for e in errors if "lost the link" not in e[2]]
+        reported = {e[1] for e in causes}  # a stage's lost link to one that died says less than the death
+        until = time.monotonic() + 2.0  # only lost links: a death is the likely cause, and its exit code may lag
+        while not causes and self.processes and time.monotonic() < until:
+            if any(p.exitcode not in (None, 0, 1) for p in self.processes):
+                break
+            time.sleep(0.05)
         # a stage that reports its error exits with 1; any other exit code is a death without a report
         silent_deaths = [
             i for i, p in enumerate(self.processes) if p.exitcode not in (None, 0, 1) and i not in reported
         ]
         if causes:
-            _, index, text, detail = causes[0]
+            _, index, text, detail = _end_of_wait_chain(causes)
             reason, detail = f"stage {self.names[index]} failed: {text}", detail
         elif silent_deaths:
             index = silent_deaths[0]
@@ -367,11 +398,14 @@ class Pipeline:
         deadline = time.monotonic() + (timeout_s or float("inf"))
         traces: dict[int, StageTrace] = {}
         output = None
+        target = len(self.specs) - 1
         while output is None or len(traces) < len(active):
             _, message = self._receive(
                 deadline,
                 f"generating (request {job.request})",
-                lambda: ", ".join(f"stage {self.names[i]}" for i in active if i not in traces),
+                lambda: ", ".join(
+                    f"stage {self.names[i]}" for i in active if i not in traces or (i == target and output is None)
+                ),
             )
             if message[0] == "result" and message[2] == job.request:
                 output = message[3]
@@ -380,6 +414,8 @@ class Pipeline:
                 deadline = min(deadline, time.monotonic() + self.stall_timeout_s)
             elif message[0] == "trace" and message[2] == job.request:
                 traces[message[1]] = StageTrace.from_dict(message[3])
+                if message[1] == target and output is None:  # its result follows at once: a lost one must not hang
+                    deadline = min(deadline, time.monotonic() + self.stall_timeout_s)
         return GenerationResult(
             tokens=output,
             text=self.tokenizer.decode(output, skip_special_tokens=True),

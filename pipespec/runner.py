@@ -173,20 +173,14 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
     check_run_config(config)
     specs = resolve_stages(config["models"]["stages"])
     dataset = load_dataset(config["dataset"])
-    store = open_store(run_dir, config, bool(options.get("resume")))
-    store.write_config(config)
-    store.write_env(environment(specs))
-    todo = [(i, s) for i, s in enumerate(dataset.samples) if s.sample_id not in store.finished_ids]
-    if store.records:
-        print(f"resuming {run_dir}: {len(store.records)} samples done, {len(todo)} to go", file=sys.stderr)
     family = config["models"].get("family", "base")
     strategy = config["strategy"]
     budget = config["max_new_tokens"]
     template = config["dataset"]["prompt"]
-    monitor = GpuMonitor(run_dir / "gpu.csv") if options.get("gpu_monitor", True) else contextlib.nullcontext()
     sampling = config.get("sampling") or {}
     acceptance = config.get("acceptance") or {}
-    with monitor, Pipeline(
+    # every check (vocabularies, options, prompt lengths) runs before anything is written
+    pipe = Pipeline(
         specs,
         strategy=strategy["name"],
         lookahead=strategy.get("lookahead", 0),
@@ -198,8 +192,16 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
         seed=sampling.get("seed", 0),
         acceptance=acceptance.get("mode", "exact"),
         synthetic_rates=acceptance.get("rate"),
-    ) as pipe:
-        prompts = {i: build_prompt_ids(s, template, pipe.tokenizer, family, pipe.context_length, budget) for i, s in todo}
+    )
+    store = open_store(run_dir, config, bool(options.get("resume")))
+    todo = [(i, s) for i, s in enumerate(dataset.samples) if s.sample_id not in store.finished_ids]
+    prompts = {i: build_prompt_ids(s, template, pipe.tokenizer, family, pipe.context_length, budget) for i, s in todo}
+    store.write_config(config)
+    store.write_env(environment(specs))
+    if store.records:
+        print(f"resuming {run_dir}: {len(store.records)} samples done, {len(todo)} to go", file=sys.stderr)
+    monitor = GpuMonitor(run_dir / "gpu.csv") if options.get("gpu_monitor", True) else contextlib.nullcontext()
+    with monitor, pipe:
         if todo and options.get("warmup_tokens", 8):
             pipe.generate(prompts[todo[0][0]][0], options["warmup_tokens"])
         label = f"{config['models']['name']} {strategy['name']} {dataset.name}"

@@ -41,6 +41,7 @@ prefix that differs from the one it checked j after.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pipespec.decoding import final_output, is_finished, model_step
+from pipespec.faults import for_request
 from pipespec.models import CausalLMRunner, PromptLookup, StageSpec, load_model
 from pipespec.schedule import Role
 from pipespec.trace import StageTrace
@@ -70,8 +72,10 @@ class Job:
     roles: list[Role]
     stall_timeout_s: float
     stage_names: list[str]
-    # fault injection for tests: {"stage": i, "after_steps": n, "action": "raise"|"exit"|"hang"}, or
+    # fault injection for tests: {"stage": i, "after_steps": n, "action": "raise"|"exit"|"kill"|"hang"}, or
     # {"stage": i, "action": "accept_drafts"}: that verifier keeps every draft unchecked (a wrong rule)
+    # {"stage": i, "at_token": n, "action": ...}: fires once its buffer holds >= n tokens (steps or commits)
+    # {"stage": i, "action": "drop"|"delay", "message": kind, ...}: lose or delay messages (pipespec.faults)
     fault: dict | None = None
     sampling: Sampling = Sampling()
     acceptance: Acceptance = Acceptance()
@@ -126,6 +130,7 @@ class StageRequest:
         self.downstream_committed = 0  # length of the next stage's buffer at its last commit
         self.last_published: tuple | None = None
         self.done = False
+        self.fault_fired = False
         self.trace = StageTrace(index, self.name)
 
     # ---- messages -------------------------------------------------------
@@ -283,6 +288,7 @@ class StageRequest:
         while True:
             while (message := receive(0.0)) is not None:
                 self.handle(message)
+            self.maybe_inject_fault(None)  # an "at_token" fault can fire on adopted tokens too
             if self.done:
                 break
             kind, payload = self.next_action()
@@ -311,17 +317,25 @@ class StageRequest:
             return final_output(self.out, self.job.max_new_tokens, self.job.eos_ids)
         return None
 
-    def maybe_inject_fault(self, steps: int) -> None:
+    def maybe_inject_fault(self, steps: int | None) -> None:
         fault = self.job.fault
-        if not fault or fault.get("stage") != self.index or steps != fault.get("after_steps", 1):
+        if not fault or fault.get("stage") != self.index or fault.get("action") in ("drop", "delay"):
+            return
+        if "at_token" in fault:  # a point of the generation: the first time the buffer reaches it
+            if self.fault_fired or len(self.out) < fault["at_token"]:
+                return
+            self.fault_fired = True
+        elif steps != fault.get("after_steps", 1):
             return
         action = fault.get("action", "raise")
         if action == "accept_drafts":
             return  # a rule change, set up when the request started
         if action == "raise":
-            raise RuntimeError(f"injected fault in stage {self.index} after {steps} steps")
+            raise RuntimeError(f"injected fault in stage {self.index} after {steps} steps, at {len(self.out)} tokens")
         if action == "exit":
             os._exit(17)
+        if action == "kill":  # as the OOM killer would
+            os.kill(os.getpid(), signal.SIGKILL)
         if action == "hang":
             time.sleep(10_000)
 
@@ -375,7 +389,8 @@ def stage_process_main(index: int, spec: StageSpec, n_stages: int, host: str, po
                 continue
             job: Job = message[1]
             future = [(s, m) for s, m in future if m[1] >= job.request]
-            request = StageRequest(index, job, engine, transport, job.stage_names)
+            link = for_request(transport, job.fault, index)  # test-only message drop / delay (pipespec.faults)
+            request = StageRequest(index, job, engine, link, job.stage_names)
 
             def receive(timeout: float, request=request, job=job):
                 nonlocal future
@@ -399,12 +414,12 @@ def stage_process_main(index: int, spec: StageSpec, n_stages: int, host: str, po
 
             output = request.run(receive)
             request.log("finished", output)
-            transport.send(0, ("trace", index, job.request, request.trace.to_dict()))
+            link.send(0, ("trace", index, job.request, request.trace.to_dict()))
             if output is not None:
                 for other in range(n_stages - 1):
                     if job.roles[other].active:
-                        transport.send(other + 1, ("done", job.request))
-                transport.send(0, ("result", index, job.request, output))
+                        link.send(other + 1, ("done", job.request))
+                link.send(0, ("result", index, job.request, output))
             request.log("reported")
     except SystemExit:
         pass

