@@ -7,11 +7,7 @@ and resumed after each kill.
 """
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -107,78 +103,14 @@ def test_a_stage_fault_mid_run_leaves_valid_results_and_resume_completes(tmp_pat
 
 # ---- a multirun killed at several points and resumed ---------------------------------------
 
-SWEEP = ["-m", "models=tiny_k2", "strategy=greedy,sd", "strategy.lookahead=2", "dataset=news_lee_cnndm",
-         "dataset.n_samples=4", "max_new_tokens=32", "run.progress=false", "run.gpu_monitor=false"]  # fmt: skip
 
+def test_a_multirun_killed_at_random_points_resumes_with_each_sample_once():
+    """The reliability command's resume check: kills inside run 0, between runs, inside run 1, a torn line."""
+    from pipespec.reliability import run_resume
 
-def jobs(sweep: Path) -> list[Path]:
-    return [next(iter(sweep.glob(f"{n}_*")), sweep / f"{n}_missing") for n in (0, 1)]
-
-
-def count(run_dir: Path) -> int:
-    path = run_dir / "samples.jsonl"
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
-def run_until(sweep: Path, resume: bool, kill_when) -> str:
-    """Start the multirun; kill its whole process group once `kill_when()` holds. Returns where it died."""
-    args = [*SWEEP, f"hydra.sweep.dir={sweep}"] + (["run.resume=true"] if resume else [])
-    child = subprocess.Popen(
-        [sys.executable, "-m", "experiments.run", *args],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not kill_when():
-        if child.poll() is not None:
-            raise AssertionError(f"the multirun ended before its kill point: {child.stderr.read()[-2000:]!r}")
-        assert time.monotonic() < deadline, "kill point never reached"
-        time.sleep(0.01)
-    family = [child.pid] + [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
-    os.killpg(child.pid, signal.SIGKILL)  # the driver, the fork server and every stage process
-    child.wait(10)
-    child.stderr.close()
-    assert gone(family)
-    return ", ".join(f"{run.name}: {count(run)} lines" for run in jobs(sweep))
-
-
-def test_a_multirun_killed_at_random_points_resumes_with_each_sample_once(tmp_path):
-    from pipespec.data import load_dataset
-
-    sweep = tmp_path / "sweep"
-    dataset = composed(*(o for o in SWEEP[1:] if not o.startswith("strategy=")))["dataset"]
-    ids = [s.sample_id for s in load_dataset(dataset).samples]
-    rng = random.Random(SEED)
-    first, second = rng.randint(1, 3), rng.randint(1, 3)
-    kill_points = [
-        (f"inside run 0 after {first} samples", lambda: count(jobs(sweep)[0]) >= first),
-        ("between runs 0 and 1", lambda: (jobs(sweep)[0] / "summary.json").exists()),
-        (f"inside run 1 after {second} samples", lambda: count(jobs(sweep)[1]) >= second),
-    ]
-    for n, (where, kill_when) in enumerate(kill_points):
-        state = run_until(sweep, resume=n > 0, kill_when=kill_when)
-        print(where, "->", state)
-        for run in jobs(sweep):
-            records = check_lines(run)
-            assert {r["sample_id"] for r in records} <= set(ids), (where, state)
-        if n == 0:  # as if the kill had hit while a line was written: the torn line names a sample not done
-            done = {r["sample_id"] for r in check_lines(jobs(sweep)[0])}
-            torn = next(i for i in ids if i not in done) if len(done) < len(ids) else ids[-1]
-            with open(jobs(sweep)[0] / "samples.jsonl", "a") as handle:
-                handle.write(json.dumps({"sample_id": torn, "index": ids.index(torn), "output_ids": [1, 2]})[:40])
-            assert read_records(jobs(sweep)[0])[1] == 1
-
-    final = subprocess.run(
-        [sys.executable, "-m", "experiments.run", *SWEEP, f"hydra.sweep.dir={sweep}", "run.resume=true"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert final.returncode == 0, final.stderr[-3000:]
-    for run in jobs(sweep):
-        records = check_lines(run)
-        assert sorted(r["sample_id"] for r in records) == sorted(ids)  # each requested sample exactly once
-        assert read_records(run) == (records, 0)
-        summary = read_summary(run)
-        assert summary["n_samples"] == 4 and summary["complete"]
-    assert read_summary(jobs(sweep)[1])["identical_to_greedy"] == "4/4"
+    report = run_resume(log=print)
+    assert report["failures"] == []
+    assert len(report["points"]) == 3 and report["samples"] == 8
 
 
 # ---- HumanEval checks that misbehave ------------------------------------------------------------
