@@ -43,7 +43,8 @@ MAX_NEW = 16
 PARTS = ("faults", "soak", "resume", "bad")
 
 
-def _gone(pids, within_s: float = 5.0) -> bool:
+def processes_gone(pids, within_s: float = 5.0) -> bool:
+    """Whether every pid has exited (zombies count as gone) within `within_s`; the tests use it too."""
     import psutil
 
     deadline = time.monotonic() + within_s
@@ -127,7 +128,7 @@ def run_faults(log) -> dict:
                     problems.append(f"the error does not name stage {fault['stage']}: {message}")
                 if took >= ERROR_WITHIN_S:
                     problems.append(f"the error took {took:.1f} s")
-                if not _gone(pids):
+                if not processes_gone(pids):
                     problems.append("stage processes were left")
                 if pipe.generate(other, MAX_NEW, strategy=strategy, lookahead=2).tokens != other_expected:
                     problems.append("the next call differs from greedy")
@@ -206,7 +207,7 @@ def run_resume(log) -> dict:
             family = [child.pid] + [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(10)
-            if not _gone(family):
+            if not processes_gone(family):
                 failures.append(f"processes left after the kill {where}")
             state = ", ".join(f"run {i}: {_lines(run)} samples" for i, run in enumerate(_runs(sweep)))
             points.append(f"{where} ({state})")

@@ -4,13 +4,13 @@ import os
 import signal
 import time
 
-import psutil
 import pytest
 import torch
 
 from pipespec.api import Pipeline, StageError
 from pipespec.decoding import greedy_generate, model_step
 from pipespec.models import CausalLMRunner, ConfigError, StageSpec, load_model
+from pipespec.reliability import processes_gone
 from pipespec.testing import build_tiny_hierarchy, random_prompts, set_eos
 from pipespec.verify import greedy_verify
 
@@ -137,15 +137,6 @@ def test_verify_rule():
         greedy_verify([3], logits)
 
 
-def _stage_processes_gone(pids, within_s=5.0):
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 # first, middle and last stage; a raised exception and a process that dies; both strategies
 FAULTS = [("sd", "raise", 0), ("sd", "exit", 1), ("sd", "raise", 2), ("pipespec", "exit", 0),
           ("pipespec", "raise", 1), ("pipespec", "exit", 2)]
@@ -161,7 +152,7 @@ def test_failing_stage_ends_the_run_with_its_name(tiny, prompts, reference, stag
         pipe.generate(prompts[0], MAX_NEW, fault={"stage": stage, "after_steps": 2, "action": action})
     assert time.monotonic() - started < 10
     assert f"stage {stage}:" in str(error.value)
-    assert _stage_processes_gone(pids)
+    assert processes_gone(pids)
     # the next run in the same process works
     with Pipeline([tiny["high"], tiny["target"]]) as pipe:
         assert pipe.generate(prompts[1], MAX_NEW).tokens == reference[1]
@@ -176,7 +167,7 @@ def test_killed_stage_process_gives_an_error_quickly(tiny, prompts):
     with pytest.raises(StageError, match="stage 1:"):
         pipe.generate(prompts[0], MAX_NEW)
     assert time.monotonic() - started < 10
-    assert _stage_processes_gone(pids)
+    assert processes_gone(pids)
 
 
 @pytest.mark.parametrize("strategy", ["sd", "pipespec"])
@@ -187,7 +178,7 @@ def test_hanging_stage_is_detected(tiny, prompts, strategy):
     with pytest.raises(StageError, match="stage 0:.*stopped responding"):
         pipe.generate(prompts[0], MAX_NEW, fault={"stage": 0, "after_steps": 1, "action": "hang"})
     assert time.monotonic() - started < 10
-    assert _stage_processes_gone(pipe.pids)
+    assert processes_gone(pipe.pids)
 
 
 def test_mismatched_tokenizers_refused_before_start(tiny, tmp_path):

@@ -13,13 +13,13 @@ of `pipespec.faults`.
 import random
 import time
 
-import psutil
 import pytest
 import torch
 
 from pipespec.api import Pipeline, StageError
 from pipespec.decoding import greedy_generate
 from pipespec.models import CausalLMRunner, StageSpec, load_model
+from pipespec.reliability import processes_gone
 from pipespec.testing import build_tiny_hierarchy, random_prompts
 
 STALL_S = 3  # stall_timeout_s of every pipeline here
@@ -57,16 +57,6 @@ def pipes(models):
         pipe.close()
 
 
-def gone(pids, within_s=5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def fail_then_recover(pipe, cases, strategy, fault) -> tuple[str, float]:
     """Generate with `fault`: expect a StageError in time, no stage left, then a correct next call."""
     (prompt, _), (other, expected) = cases
@@ -78,7 +68,7 @@ def fail_then_recover(pipe, cases, strategy, fault) -> tuple[str, float]:
         pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=2, fault=fault)
     took = time.monotonic() - started
     assert took < ERROR_WITHIN_S, (fault, took)
-    assert gone(pids), f"stage processes left after {fault}"
+    assert processes_gone(pids), f"stage processes left after {fault}"
     assert not pipe.started
     # the next call on the same pipeline starts fresh stages and is exact again
     assert pipe.generate(other, MAX_NEW, strategy=strategy, lookahead=2).tokens == expected

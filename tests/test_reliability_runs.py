@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from pipespec.api import Pipeline, StageError
+from pipespec.reliability import processes_gone
 from pipespec.results import RECORD_KEYS, read_records, read_summary, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,15 +28,6 @@ SEED = 9
 def composed(*overrides) -> dict:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
-
-
-def gone(pids, within_s=5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def check_lines(run_dir: Path) -> list[dict]:
@@ -86,7 +78,7 @@ def test_a_stage_fault_mid_run_leaves_valid_results_and_resume_completes(tmp_pat
     with pytest.raises(StageError, match=f"stage {fault['stage']}:"):
         run_experiment(config, run_dir)
     assert time.monotonic() - started < 30
-    assert gone(pids)
+    assert processes_gone(pids)
     records = check_lines(run_dir)
     assert [r["index"] for r in records] == [0]  # exactly the finished sample
     assert not (run_dir / "summary.json").exists() or read_summary(run_dir)
