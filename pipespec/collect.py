@@ -2,7 +2,8 @@
 
 A run's greedy reference is a greedy run of the same target, dataset and budget
 among the collected ones (the one in the same multirun first); identical counts
-and speedups are computed over the samples both runs hold. Pure Python (no torch).
+and speedups are computed over the samples both runs hold; a sampled run (temperature > 0)
+gets no identical count, as in its summary. Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             if reference
             else {"identical_to_greedy": summary.get("identical_to_greedy"), "speedup_vs_greedy": None}
         )
+        if (run["config"].get("sampling") or {}).get("temperature", 0):
+            comparison["identical_to_greedy"] = None  # as refresh_reference: sampled outputs match in distribution only
         if is_greedy_reference(run["config"]):
             comparison = {"identical_to_greedy": "(reference)", "speedup_vs_greedy": 1.0}
         target = summary["stages"][-1] if summary["stages"] else {}

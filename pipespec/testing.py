@@ -27,14 +27,14 @@ def make_tokenizer(vocab_size: int = VOCAB_SIZE):
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="t0", eos_token="t1")
 
 
-def tiny_config(vocab_size: int = VOCAB_SIZE, eos_token_id: int | None = 1):
+def tiny_config(vocab_size: int = VOCAB_SIZE, eos_token_id: int | None = 1, num_layers: int = 2):
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
@@ -52,14 +52,18 @@ def build_tiny_hierarchy(
     seed: int = 0,
     eos_token_id: int | None = 1,
     vocab_size: int = VOCAB_SIZE,
+    num_layers: int = 2,
 ) -> list[str]:
-    """Save drafts (noise levels, in order) then the target; return their paths, smallest... target last."""
+    """Save drafts (noise levels, in order) then the target; return their paths, smallest... target last.
+
+    `num_layers` 1 makes a step about 40% cheaper (transformers' per-layer overhead dominates
+    at this size): statistical tests that need many thousands of tokens use it."""
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
     directory = Path(directory)
     torch.manual_seed(seed)
-    config = tiny_config(vocab_size, eos_token_id)
+    config = tiny_config(vocab_size, eos_token_id, num_layers)
     target = LlamaForCausalLM(config).eval()
     tokenizer = make_tokenizer(vocab_size)
     paths = []

@@ -1,6 +1,5 @@
 """Sampling at temperature > 0 is lossless in every strategy: statistical tests against the exact target.
 
-Two levels, because draws through the multi-process pipeline are slow (tens of ms each):
 - the rule in this process at high N: the output of `speculative_verify` matches p by a
   chi-square test (20000 draws per case: a shift of 2% of the probability mass between two
   likely tokens gives a noncentrality of about 50, found nearly always), a k = 3 chain
@@ -9,25 +8,23 @@ Two levels, because draws through the multi-process pipeline are slow (tens of m
   forward the residual instead of p) fail.
 - a stage's distribution bookkeeping (what a drafter sends, what its verifier keeps) under
   random drafting, verification and rollbacks, without processes.
-- the whole pipeline (sd and pipespec, k = 2 and 3) on tiny models with a 16-token vocabulary
-  and no EOS: the joint distribution of the 3 tokens of many short calls matches the exact
-  target joint computed from the target's probabilities, and a deliberately wrong rule (the
-  target keeps every draft, injected with the test-only fault action "accept_drafts") fails the
-  same test. At 600 calls per case they catch a shift of about 8% of the mass between the two
-  likeliest sequences (p < 1e-4 four times in five), far less than plumbing errors move (a
-  distribution sent for the wrong token or position, a stale one after a rollback); long
-  generations add rollbacks at every stage.
-Every draw is seeded, so sd's results are fixed; pipespec's depend on timing, and its
-thresholds (p > 1e-4) make a false alarm a 1-in-10000 event.
+- the whole pipeline (sd and pipespec, k = 2 and 3, top-k and top-p) on tiny models with a
+  16-token vocabulary and no EOS: every token of long generations (rollbacks at every stage)
+  against the target's exact conditional distribution at its position, by a chi-square test of
+  rank classes with enough tokens to catch a 2% shift (each case asserts its power, and a
+  simulation checks that power); a deliberately wrong rule (the target keeps every draft,
+  injected with the test-only fault action "accept_drafts") fails the same test.
+Every draw is seeded, so sd's results are fixed; pipespec's depend on timing, and the pass
+threshold (p > 1e-4) makes a false alarm a 1-in-10000 event.
 """
 
-import itertools
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare, norm
 
 from pipespec.api import Pipeline
 from pipespec.decoding import greedy_generate
@@ -39,9 +36,6 @@ from pipespec.verify import Sampling, encode_dist, point_mass, sampling_probs, s
 
 VOCAB = 16
 PROMPT = [3, 5, 7, 9]
-JOINT_SAMPLING = Sampling(temperature=0.8, top_k=8)  # peaked: about 10 likely 3-token sequences
-DRAWS = 600  # pipeline calls per strategy and depth (about 20 ms each)
-WRONG_DRAWS = 400
 PASS_P = 1e-4  # a correct rule fails with this probability (pipespec is not seeded exactly)
 FAIL_P = 1e-6  # a wrong rule must be at least this clearly wrong
 
@@ -250,12 +244,34 @@ def test_distribution_mirror_survives_rollbacks():
 
 
 # ---- the pipeline ---------------------------------------------------------------------------
+#
+# Every generated token is tested against the target's exact conditional distribution. Under a
+# lossless rule each output token x_t, given everything before it (drafts and timing included),
+# is distributed as p_t = the target's transformed distribution after prompt + x_<t. So with
+# c_t = the rank class of x_t under p_t (likeliest, 2nd, 3rd, 4th, any other) and pi_t the class
+# probabilities, sums over t of (onehot(c_t) - pi_t), weighted or not, are martingales with known
+# variance: their statistics (`calibration_test`) hold for pipespec's timing-dependent draws as
+# for sd's seeded ones. One call of 128 tokens gives 128 observations (a 3-token joint needs a
+# call per observation), so the test can catch a 2% shift: each case computes, from the
+# positions it saw, its power against "2% of the mass moved between the target's likeliest and
+# second likeliest token at every position" and asserts it is at least 0.9.
+
+RANK_CLASSES = 5
+SHIFT = 0.02  # the shift (total variation per position) each case must be able to catch
+MIN_POWER = 0.9
+LENGTH = 128  # tokens per call
+PROMPT_LENGTH = 6
+TOP_K = Sampling(temperature=0.6, top_k=8)  # peaked targets: each token says more about a shift
+TOP_P = Sampling(temperature=1.0, top_p=0.95)
 
 
 @pytest.fixture(scope="module")
 def tiny16(tmp_path_factory):
-    """drafter (weight noise 0.3), middle (0.1), target; vocabulary 16, no EOS."""
-    return build_tiny_hierarchy(tmp_path_factory.mktemp("tiny16"), [0.3, 0.1], eos_token_id=None, vocab_size=VOCAB)
+    """drafter (weight noise 0.08), middle (0.03), target; one layer, vocabulary 16, no EOS. Both
+    outcomes of the ratio test are common, and high acceptance and one layer keep a token cheap."""
+    return build_tiny_hierarchy(
+        tmp_path_factory.mktemp("tiny16"), [0.08, 0.03], eos_token_id=None, vocab_size=VOCAB, num_layers=1
+    )
 
 
 @pytest.fixture(scope="module")
@@ -264,38 +280,67 @@ def pipes(tiny16):
         yield {2: k2, 3: k3}
 
 
-def exact_joint(model_path: str, prompt: list[int], n: int, sampling: Sampling) -> dict:
-    """P(first n tokens) under the target's transformed distribution, from one batched forward."""
-    model = load_model(StageSpec(model=model_path))
-    prefixes = list(itertools.product(range(VOCAB), repeat=n - 1))
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + list(s) for s in prefixes])).logits[:, len(prompt) - 1 :]
-    probs = sampling_probs(logits, sampling)
-    joint = {}
-    for row, prefix in enumerate(prefixes):
-        head = float(np.prod([float(probs[row, j, t]) for j, t in enumerate(prefix)]))
-        for token in range(VOCAB):
-            if head * probs[row, n - 1, token] > 0:
-                joint[prefix + (token,)] = head * float(probs[row, n - 1, token])
-    return joint
-
-
 @pytest.fixture(scope="module")
-def target_joint(tiny16):
-    return exact_joint(tiny16[-1], PROMPT, 3, JOINT_SAMPLING)
+def target_model(tiny16):
+    return load_model(StageSpec(model=tiny16[-1]))
 
 
-def draw_sequences(pipe, strategy, lookahead, draws, **options) -> tuple[Counter, list]:
-    """Counts of the 3-token outputs of `draws` calls (seeds 0, 1, ...), and the results."""
-    s = JOINT_SAMPLING
-    results = [
+def random_prompt(seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB, PROMPT_LENGTH)]
+
+
+def draw_outputs(pipe, strategy, lookahead, sampling, calls, **options) -> list:
+    """`calls` generations of LENGTH tokens, call i from random_prompt(i) with seed i."""
+    s = sampling
+    return [
         pipe.generate(
-            PROMPT, 3, strategy=strategy, lookahead=lookahead, temperature=s.temperature, top_k=s.top_k,
-            top_p=s.top_p, seed=i, **options,
+            random_prompt(i), LENGTH, strategy=strategy, lookahead=lookahead, temperature=s.temperature,
+            top_k=s.top_k, top_p=s.top_p, seed=i, **options,
         )
-        for i in range(draws)
+        for i in range(calls)
     ]
-    return Counter(tuple(r.tokens) for r in results), results
+
+
+def target_conditionals(model, results, sampling) -> tuple[np.ndarray, np.ndarray]:
+    """(p_t for every generated position [positions, vocab] float64, the generated tokens), one batched forward."""
+    sequences = torch.tensor([random_prompt(i) + r.tokens for i, r in enumerate(results)])
+    with torch.inference_mode():
+        logits = model(sequences).logits[:, PROMPT_LENGTH - 1 : -1]
+    probs = sampling_probs(logits, sampling).double().reshape(-1, VOCAB).numpy()
+    return probs, sequences[:, PROMPT_LENGTH:].reshape(-1).numpy()
+
+
+@dataclass
+class Calibration:
+    pvalue: float  # of the rank classes under the target's conditionals (both statistics, Bonferroni)
+    power: float  # at PASS_P, against a SHIFT moved from the 2nd likeliest token to the likeliest or back
+    positions: int
+
+
+def calibration_test(probs: np.ndarray, tokens: np.ndarray, shift: float = SHIFT) -> Calibration:
+    """Two statistics of the rank class c_t of each token under its conditional pi_t, each at PASS_P / 2:
+
+    - any shift between classes: the chi-square of sum_t (onehot(c_t) - pi_t) with its covariance;
+    - the score of "mass m_t = min(shift, pi_t1) moved between the likeliest and the 2nd": sum_t m_t
+      (1[c_t = 0] / pi_t0 - 1[c_t = 1] / pi_t1), mean 0 and variance sum_t m_t^2 (1/pi_t0 + 1/pi_t1),
+      the most powerful statistic for that shift (noncentrality sum_t m_t^2 (1/pi_t0 + 1/pi_t1)).
+    """
+    order = np.argsort(-probs, axis=1, kind="stable")
+    ranked = np.take_along_axis(probs, order, axis=1)
+    pi = np.concatenate([ranked[:, : RANK_CLASSES - 1], ranked[:, RANK_CLASSES - 1 :].sum(1, keepdims=True)], 1)
+    classes = np.minimum(np.argmax(order == tokens[:, None], axis=1), RANK_CLASSES - 1)
+    deviation = (np.bincount(classes, minlength=RANK_CLASSES) - pi.sum(0))[:-1]  # the last class is implied
+    covariance = (np.diag(pi.sum(0)) - pi.T @ pi)[:-1, :-1]
+    omnibus = chi2.sf(float(deviation @ np.linalg.solve(covariance, deviation)), RANK_CLASSES - 1)
+    usable = pi[:, 1] > 0
+    p0, p1, c = pi[usable, 0], pi[usable, 1], classes[usable]
+    moved = np.minimum(shift, p1)
+    score = float((moved * ((c == 0) / p0 - (c == 1) / p1)).sum())
+    noncentrality = float((moved**2 * (1 / p0 + 1 / p1)).sum())
+    directed = 2 * norm.sf(abs(score) / noncentrality**0.5)  # the score's variance equals its noncentrality
+    critical = norm.isf(PASS_P / 4)
+    power = norm.sf(critical - noncentrality**0.5) + norm.cdf(-critical - noncentrality**0.5)
+    return Calibration(min(1.0, 2 * min(omnibus, directed)), power, len(tokens))
 
 
 def target_checks(results) -> tuple[int, float]:
@@ -305,56 +350,73 @@ def target_checks(results) -> tuple[int, float]:
     return offered, sum(s["accepted"] for s in summaries) / offered
 
 
-# pipespec waits for 2 drafts (lookahead 2): with lookahead 0 the target of a 3-token call mostly
-# samples alone, before any draft arrives, and the test would hardly see the rule at work
-@pytest.mark.parametrize("strategy, k, lookahead", [("sd", 2, 2), ("pipespec", 2, 2), ("sd", 3, 2), ("pipespec", 3, 2)])
-def test_pipeline_samples_the_target_distribution(pipes, target_joint, strategy, k, lookahead):
-    counts, results = draw_sequences(pipes[k], strategy, lookahead, DRAWS)
+# (strategy, k, lookahead, sampling, calls, options). pipespec waits for 2 drafts: tiny stages all run
+# at the same speed, and with lookahead 0 the target would mostly step alone before drafts arrive; its
+# k = 3 case also stops drafters whose own probability of their lead is below 0.5
+CASES = [
+    ("sd", 2, 4, TOP_K, 56, {}),
+    ("pipespec", 2, 2, TOP_P, 56, {}),
+    ("sd", 3, 3, TOP_P, 56, {}),
+    ("pipespec", 3, 2, TOP_K, 56, {"draft_confidence": 0.5}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-k{c[1]}-L{c[2]}" for c in CASES])
+def test_pipeline_samples_the_target_distribution(pipes, target_model, case):
+    strategy, k, lookahead, sampling, calls, options = case
+    results = draw_outputs(pipes[k], strategy, lookahead, sampling, calls, **options)
     assert results[-1].lossless and results[-1].acceptance == "exact"
-    assert results[-1].sampling == {**JOINT_SAMPLING.as_dict(), "seed": DRAWS - 1}
+    assert results[-1].sampling == {**sampling.as_dict(), "seed": calls - 1}
+    assert all(len(r.tokens) == LENGTH for r in results)
     offered, acceptance = target_checks(results)
-    assert offered >= DRAWS and 0.1 < acceptance < 0.9  # both outcomes of the ratio test, often
-    assert chi2_pvalue(counts, target_joint) > PASS_P, counts.most_common(8)
+    assert offered >= calls * LENGTH / 4 and 0.1 < acceptance < 0.95  # the ratio test decides often, both ways
+    assert sum(r.summary()[0]["rollbacks"] for r in results) > calls  # rollbacks reach the first stage
+    check = calibration_test(*target_conditionals(target_model, results, sampling))
+    assert check.power >= MIN_POWER, f"{check.positions} positions catch a {SHIFT:.0%} shift with power {check.power:.2f}"
+    assert check.pvalue > PASS_P, check
 
 
-@pytest.mark.parametrize("strategy, k, lookahead", [("sd", 2, 2), ("pipespec", 3, 2)])
-def test_a_wrong_rule_fails_the_same_test(pipes, target_joint, strategy, k, lookahead):
-    wrong = {"stage": k - 1, "action": "accept_drafts"}  # the target keeps every draft unchecked
-    counts, results = draw_sequences(pipes[k], strategy, lookahead, WRONG_DRAWS, fault=wrong)
+# the target keeps every draft unchecked; or the middle does, and so sends its own p for tokens that
+# follow the drafter's q, and the target tests them against the wrong q (untruncated sampling: under
+# top-k / top-p the target already refuses a draft its sender gave probability 0, a louder failure)
+@pytest.mark.parametrize(
+    "strategy, k, wrong_stage, sampling, calls", [("sd", 2, 1, TOP_K, 40), ("pipespec", 3, 1, Sampling(1.0), 40)]
+)
+def test_a_wrong_rule_fails_the_same_test(pipes, target_model, strategy, k, wrong_stage, sampling, calls):
+    wrong = {"stage": wrong_stage, "action": "accept_drafts"}
+    results = draw_outputs(pipes[k], strategy, 2, sampling, calls, fault=wrong)
     assert not results[-1].lossless
-    offered, acceptance = target_checks(results)
-    assert offered >= WRONG_DRAWS and acceptance == 1.0
-    assert chi2_pvalue(counts, target_joint) < FAIL_P
+    kept = [r.summary()[wrong_stage] for r in results]
+    assert sum(s["offered"] for s in kept) > 0 and all(s["accepted"] == s["offered"] for s in kept)
+    assert calibration_test(*target_conditionals(target_model, results, sampling)).pvalue < PASS_P
 
 
-def collision_z(target_path: str, prompts, outputs, sampling: Sampling) -> float:
-    """z-score of sum_t p_t(x_t) against its expectation sum_t sum_x p_t(x)^2 (N(0, 1) when x_t ~ p_t)."""
-    model = load_model(StageSpec(model=target_path))
-    total = mean = var = 0.0
-    for prompt, tokens in zip(prompts, outputs):
-        with torch.inference_mode():
-            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : len(prompt) + len(tokens) - 1]
-        probs = sampling_probs(logits, sampling)
-        chosen = probs[torch.arange(len(tokens)), torch.tensor(tokens)]
-        total += float(chosen.sum())
-        second = (probs**2).sum(-1)
-        mean += float(second.sum())
-        var += float(((probs**3).sum(-1) - second**2).sum())
-    return (total - mean) / var**0.5
+def test_the_calibration_test_catches_a_two_percent_shift(target_model):
+    """The power the pipeline tests assert is real: draws 2% off the target at every position fail."""
+    rng = np.random.default_rng(0)
+    sequences = torch.tensor([random_prompt(i) + list(rng.integers(0, VOCAB, LENGTH)) for i in range(80)])
+    with torch.inference_mode():
+        logits = target_model(sequences).logits[:, PROMPT_LENGTH - 1 : -1]
+    probs = sampling_probs(logits, TOP_K).double().reshape(-1, VOCAB).numpy()
+    order = np.argsort(-probs, axis=1, kind="stable")
+    first, second = order[:, 0], order[:, 1]
+    rows = np.arange(len(probs))
+    shifted = probs.copy()
+    moved = np.minimum(SHIFT, probs[rows, second])
+    shifted[rows, first] += moved
+    shifted[rows, second] -= moved
+    power = calibration_test(probs, first).power  # the tokens do not matter for the power
+    assert power >= MIN_POWER
+    caught = exact = 0
+    for _ in range(100):
+        exact += calibration_test(probs, _draw_rows(probs, rng)).pvalue > PASS_P
+        caught += calibration_test(probs, _draw_rows(shifted, rng)).pvalue < PASS_P
+    assert exact >= 97 and caught >= 100 * power - 12, (exact, caught, power)
 
 
-@pytest.mark.parametrize("strategy, lookahead", [("sd", 3), ("pipespec", 0)])
-def test_long_generations_with_rollbacks(pipes, tiny16, strategy, lookahead):
-    """Deep pipelines (rollbacks at both verifiers, top-p) keep every distribution in place."""
-    sampling = Sampling(1.0, top_p=0.95)
-    prompts = [[int(t) for t in np.random.default_rng(i).integers(0, VOCAB, 6)] for i in range(6)]
-    results = [
-        pipes[3].generate(p, 40, strategy=strategy, lookahead=lookahead, temperature=1.0, top_p=0.95, seed=i)
-        for i, p in enumerate(prompts)
-    ]
-    assert all(len(r.tokens) == 40 for r in results)
-    assert sum(r.summary()[0]["rollbacks"] for r in results) > 0
-    assert abs(collision_z(tiny16[-1], prompts, [r.tokens for r in results], sampling)) < 4.5
+def _draw_rows(probs: np.ndarray, rng) -> np.ndarray:
+    """One token per row of `probs`."""
+    return (probs.cumsum(1) < rng.random((len(probs), 1))).sum(1).clip(max=probs.shape[1] - 1)
 
 
 def test_a_seed_replays_sd_and_greedy(pipes):
