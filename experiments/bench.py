@@ -147,6 +147,9 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         _int({"pipespec.lookahead": pipespec["lookahead"]}, "pipespec.lookahead", 0)
     if isinstance(pipespec.get("max_lead"), bool) or not isinstance(pipespec.get("max_lead"), int) or pipespec["max_lead"] < 1:
         raise BenchConfigError(f"pipespec.max_lead must be an integer >= 1, got {pipespec.get('max_lead')!r}")
+    confidence = pipespec.get("draft_confidence", 0.0)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
+        raise BenchConfigError(f"pipespec.draft_confidence must be a number in [0, 1) (0 = off), got {confidence!r}")
     hf = cfg.get("hf") or {}
     if isinstance(hf.get("threads"), bool) or not isinstance(hf.get("threads"), int) or hf["threads"] < 1:
         raise BenchConfigError(f"hf.threads must be an integer >= 1, got {hf.get('threads')!r}")
@@ -538,7 +541,8 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         state: dict[str, Any] = {"sd_window": (cfg.get("sd_windows") or [4])[0],
                                  "assisted": (hf_cfg.get("assisted") or [None])[0]}
         look, lead = cfg["pipespec"].get("lookahead", 0), cfg["pipespec"]["max_lead"]
-        pipespec_settings = {"strategy": "pipespec", "lookahead": look, "max_lead": lead}
+        confidence = cfg["pipespec"].get("draft_confidence", 0.0)
+        pipespec_settings = {"strategy": "pipespec", "lookahead": look, "max_lead": lead, "draft_confidence": confidence}
 
         def hf_system(name, mode, settings, hierarchy, stages, **kwargs):
             def run(p, n):
@@ -550,8 +554,10 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
 
         def our_system(name, key, strategy, settings, hierarchy):
             def run(p, n):
-                lookahead = state["sd_window"] if strategy == "sd" else look
-                return pipes[key].generate(p, n, strategy=strategy, lookahead=lookahead, max_lead=lead)
+                if strategy == "sd":
+                    return pipes[key].generate(p, n, strategy="sd", lookahead=state["sd_window"], max_lead=lead)
+                return pipes[key].generate(p, n, strategy=strategy, lookahead=look, max_lead=lead,
+                                           draft_confidence=confidence)
 
             return System(name, run, pipe_processes(key), settings, hierarchy.label, list(pipes[key].names))
 

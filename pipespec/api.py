@@ -118,6 +118,7 @@ class Pipeline:
         lookahead: int = 0,
         max_lead: int = 8,
         *,
+        draft_confidence: float = 0.0,
         start_timeout_s: float = 600.0,
         stall_timeout_s: float = 30.0,
         launch: str = "local",
@@ -135,8 +136,9 @@ class Pipeline:
             raise ConfigError("launch='external' needs address='HOST:PORT' (where this driver, rank 0, listens)")
         self.launch, self.address = launch, address
         self.specs = [StageSpec.from_any(s) for s in stages]
-        check_options(strategy, len(self.specs), lookahead, max_lead)
+        check_options(strategy, len(self.specs), lookahead, max_lead, draft_confidence)
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
+        self.draft_confidence = draft_confidence
         sampling = check_sampling(temperature, top_k, top_p, 0 if seed is None else seed)
         check_acceptance(acceptance, synthetic_rates, len(self.specs), sampling)
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
@@ -341,6 +343,7 @@ class Pipeline:
         strategy: str | None = None,
         lookahead: int | None = None,
         max_lead: int | None = None,
+        draft_confidence: float | None = None,
         timeout_s: float | None = None,
         fault: dict | None = None,
         temperature: float | None = None,
@@ -359,7 +362,9 @@ class Pipeline:
         strategy = strategy or self.strategy
         lookahead = pick(lookahead, self.lookahead)
         max_lead = pick(max_lead, self.max_lead)
-        stage_roles = roles(strategy, len(self.specs), lookahead, max_lead)
+        stage_roles = roles(
+            strategy, len(self.specs), lookahead, max_lead, pick(draft_confidence, self.draft_confidence)
+        )
         seed = pick(seed, self.seed)
         sampling = check_sampling(
             pick(temperature, self.temperature),

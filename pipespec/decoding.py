@@ -19,6 +19,7 @@ class Step(NamedTuple):
     token: int  # the stage's own next token
     fed: int  # tokens fed to the model
     probs: object  # torch.Tensor of accepted + 1 rows when sampling (what each emitted token follows), else None
+    confidence: list[float] | None = None  # the stage's own probability of each emitted token, when asked for
 
 
 GREEDY_RULE = VerifyRule()
@@ -30,10 +31,13 @@ def model_step(
     drafts: Sequence[int],
     draft_dists: Sequence[TokenDist] | None = None,
     rule: VerifyRule = GREEDY_RULE,
+    with_confidence: bool = False,
 ) -> Step:
     """Verify `drafts` after `sequence` with `rule`.
 
     Afterwards the cache holds `sequence + drafts[:accepted]`; the own token is pending.
+    `with_confidence`: also return the stage's own probability of each emitted token (the
+    distribution it samples from, or the softmax of its logits when greedy).
     """
     fed = len(sequence) - runner.cache_length + len(drafts)
     logits = runner.forward(sequence, drafts)
@@ -41,7 +45,12 @@ def model_step(
     runner.truncate(len(sequence) + verdict.accepted)
     if runner.cached_length() != runner.cache_length:  # cheap guard against off-by-one rollbacks
         raise RuntimeError(f"KV cache holds {runner.cached_length()} tokens, expected {runner.cache_length}")
-    return Step(verdict.accepted, verdict.token, fed, verdict.probs)
+    confidence = None
+    if with_confidence:
+        emitted = list(drafts[: verdict.accepted]) + [verdict.token]
+        rows = verdict.probs if verdict.probs is not None else logits[: len(emitted)].float().softmax(-1)
+        confidence = [float(rows[i, token]) for i, token in enumerate(emitted)]
+    return Step(verdict.accepted, verdict.token, fed, verdict.probs, confidence)
 
 
 def is_finished(generated: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]) -> bool:

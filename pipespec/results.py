@@ -364,6 +364,7 @@ def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]
         "max_new_tokens": config["max_new_tokens"],
         "lookahead": strategy.get("lookahead"),
         "max_lead": strategy.get("max_lead"),
+        "draft_confidence": strategy.get("draft_confidence", 0.0),
         "acceptance": acceptance_mode(config),
         "lossless": acceptance_mode(config) == "exact",
         "sampling": config.get("sampling"),

@@ -185,6 +185,7 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
         strategy=strategy["name"],
         lookahead=strategy.get("lookahead", 0),
         max_lead=strategy.get("max_lead", 8),
+        draft_confidence=strategy.get("draft_confidence", 0.0),
         stall_timeout_s=options.get("stall_timeout_s", 30),
         temperature=sampling.get("temperature", 0.0),
         top_k=sampling.get("top_k", 0),

@@ -40,6 +40,7 @@ prefix that differs from the one it checked j after.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -120,6 +121,7 @@ class StageRequest:
         self.rule = VerifyRule(job.sampling, job.acceptance, index, check_drafts=not wrong_rule)
         self.out: list[int] = []  # this stage's generated buffer (its O_i)
         self.dists: list[TokenDist | None] = []  # beside `out`: the distribution each own token follows
+        self.confidence: list[float] = []  # beside `out`: this stage's own probability of each token (1: not its own)
         self.dists_unsent_from = 0  # positions from here changed since the last "drafts" message
         self.dists_pruned = 0  # positions below are below the verifier's commit: dropped
         self.upstream_buffer: list[int] = []  # the drafter's buffer as last published
@@ -179,6 +181,7 @@ class StageRequest:
         """Take the verifier's tokens from `common` on; it needs no distribution for its own tokens."""
         self.out = list(verifier_buffer)
         self.dists = self.dists[:common] + [None] * (len(self.out) - common)
+        self.confidence = self.confidence[:common] + [1.0] * (len(self.out) - common)
         self.dists_unsent_from = min(self.dists_unsent_from, common)
         self.dists_pruned = min(self.dists_pruned, common)  # own tokens drafted from here on are new
 
@@ -188,9 +191,10 @@ class StageRequest:
         kept.update((offset + j, d) for j, d in enumerate(dists) if d is not None)
         self.upstream_dists = kept
 
-    def extend(self, tokens: list[int], probs) -> None:
+    def extend(self, tokens: list[int], probs, confidence: list[float] | None = None) -> None:
         """Append own tokens; keep the distribution each follows when a verifier downstream needs it."""
         self.out.extend(tokens)
+        self.confidence.extend(confidence or [1.0] * len(tokens))
         if probs is None or self.downstream_rank is None:
             self.dists.extend([None] * len(tokens))
         else:
@@ -218,6 +222,10 @@ class StageRequest:
             )
 
     # ---- scheduling -------------------------------------------------------
+    def lead_confidence(self) -> float:
+        """This stage's own probability that every token beyond the next stage's last commit survives."""
+        return math.prod(self.confidence[self.downstream_committed :])
+
     def available_drafts(self) -> tuple[list[int], list[TokenDist] | None]:
         """The drafter's tokens beyond this stage's buffer, and their distributions when the rule needs them."""
         n = len(self.out)
@@ -244,6 +252,7 @@ class StageRequest:
             len(self.out) - self.downstream_committed >= role.max_lead
             or room <= 0
             or any(t in job.eos_ids for t in self.out)
+            or (role.stop_below > 0 and self.lead_confidence() < role.stop_below)
         ):
             return "wait", False
         if self.engine.lookup is not None:
@@ -272,8 +281,10 @@ class StageRequest:
             return
         drafts, draft_dists = payload
         sequence = self.job.prompt_ids + self.out
-        step = model_step(self.engine.runner, sequence, drafts, draft_dists, self.rule)
-        self.extend(drafts[: step.accepted] + [step.token], step.probs)
+        step = model_step(
+            self.engine.runner, sequence, drafts, draft_dists, self.rule, with_confidence=self.role.stop_below > 0
+        )
+        self.extend(drafts[: step.accepted] + [step.token], step.probs, step.confidence)
         step_kind = "verify" if drafts else ("single" if self.role.has_upstream or self.role.is_target else "draft")
         self.trace.record(
             started, time.perf_counter(), step_kind, step.fed, len(drafts), step.accepted, step.accepted + 1

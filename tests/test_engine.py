@@ -63,6 +63,43 @@ def test_all_strategies_identical_to_greedy(hierarchy, tiny, prompts, reference)
                     assert len(summary) == len(stages)
                     if lookahead > 0:
                         assert summary[-1]["verify_steps"] > 0
+            # drafters that stop once their own confidence in the lead is low: the same output
+            for i, (prompt, expected) in enumerate(zip(prompts[:4], reference)):
+                result = pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=4, draft_confidence=0.6)
+                assert result.tokens == expected, (strategy, "draft_confidence", i)
+
+
+class _Silent:
+    def send(self, rank, message):
+        pass
+
+
+class _NoEngine:
+    lookup = runner = None
+
+    def truncate(self, valid_tokens):
+        pass
+
+
+def test_a_drafter_stops_when_its_lead_is_unlikely():
+    """draft_confidence: drafting pauses once the product of the drafter's own probabilities of its
+    uncommitted tokens is below the threshold, and resumes when a commit shortens the lead."""
+    from pipespec.schedule import roles
+    from pipespec.stage import Job, StageRequest
+
+    job = Job(1, [3, 4], 100, [], roles("pipespec", 2, 0, 8, 0.5), 1.0, ["drafter", "target"])
+    drafter = StageRequest(0, job, _NoEngine(), _Silent(), job.stage_names)
+    drafter.extend([7, 8], None, [0.9, 0.6])  # 0.54: go on
+    assert drafter.next_action()[0] == "model"
+    drafter.extend([9], None, [0.8])  # 0.43: stop, and tell the verifier no more are coming
+    assert drafter.next_action() == ("wait", False)
+    drafter.adopt([7, 8])  # the verifier kept two: only 0.8 is left uncommitted
+    assert drafter.lead_confidence() == pytest.approx(0.8) and drafter.next_action()[0] == "model"
+    drafter.adopt([7, 5])  # a rollback: the verifier's own token is certain
+    assert drafter.out == [7, 5] and drafter.lead_confidence() == 1.0
+    off = StageRequest(0, Job(2, [3], 100, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "t"]), _NoEngine(), _Silent(), ["d", "t"])
+    off.extend([7, 8, 9], None, [0.1, 0.1, 0.1])
+    assert off.next_action()[0] == "model"  # 0 = off: only max_lead stops it
 
 
 def test_acceptance_follows_draft_agreement(tiny, prompts):
@@ -109,7 +146,8 @@ def test_cache_rollback_is_exact(tiny, prompts):
     sequence = list(prompts[3])
     truth = greedy_generate(CausalLMRunner(model), sequence, 6, [])
     drafts = truth[:3] + [(truth[3] + 1) % 256, 5, 6]  # three right, then wrong
-    accepted, own, fed, _ = model_step(runner, sequence, drafts)
+    step = model_step(runner, sequence, drafts)
+    accepted, own, fed = step.accepted, step.token, step.fed
     assert (accepted, own) == (3, truth[3])
     assert fed == len(sequence) + len(drafts)
     assert runner.cache_length == runner.cached_length() == len(sequence) + 3
@@ -201,6 +239,8 @@ def test_mismatched_tokenizers_refused_before_start(tiny, tmp_path):
         (["TARGET", "TARGET"], {"lookahead": -1}, "lookahead"),
         (["TARGET", "TARGET"], {"strategy": "beam"}, "strategy"),
         (["TARGET", "prompt_lookup"], {}, "target"),
+        (["TARGET", "TARGET"], {"draft_confidence": 1.0}, "draft_confidence"),
+        (["TARGET", "TARGET"], {"draft_confidence": -0.1}, "draft_confidence"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(tiny, stages, options, message):
