@@ -13,9 +13,10 @@ repetition: A B C A B C ...):
 - `greedy`, `sd` (at its best window), `pipespec_k2`: our pipeline of the k2 hierarchy
 - `pipespec_k3`: our pipeline of the k3 hierarchy
 
-`sd` runs at the window that was fastest in a pre-pass over `sd_windows` on the first
-`prepass_prompts` prompts; HF assisted generation gets the same pre-pass over the
-`hf.assisted` settings (the first is transformers' default). Both choices are recorded.
+`sd` runs at the window (and `draft_confidence`) that was fastest in a pre-pass over
+`sd_windows` x `sd_draft_confidences` on the first `prepass_prompts` prompts; HF assisted
+generation gets the same pre-pass over the `hf.assisted` settings (the first is
+transformers' default, with its confidence stop). Both choices are recorded.
 
 Outputs in the Hydra run directory: `bench.json` (the schema is in `write_outputs`),
 `bench.md` (the tables, also printed) and `runs.json` (every run, with the stage
@@ -76,6 +77,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from pipespec.models import ConfigError  # noqa: E402
+from pipespec.runner import cpu_info  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -129,6 +131,12 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in windows)
     ):
         raise BenchConfigError(f"sd_windows must be a non-empty list of integers >= 1, got {windows!r}")
+    stops = cfg.get("sd_draft_confidences", [0.0])
+    if "sd" in systems and (
+        not isinstance(stops, (list, tuple)) or not stops
+        or any(isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < 1 for c in stops)
+    ):
+        raise BenchConfigError(f"sd_draft_confidences must be a non-empty list of numbers in [0, 1), got {stops!r}")
     hierarchies = cfg.get("hierarchies") or {}
     for key in ("k2", "k3"):
         value = hierarchies.get(key)
@@ -539,6 +547,7 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         }
         # chosen by the pre-passes below; the systems read them at every call
         state: dict[str, Any] = {"sd_window": (cfg.get("sd_windows") or [4])[0],
+                                 "sd_draft_confidence": (cfg.get("sd_draft_confidences") or [0.0])[0],
                                  "assisted": (hf_cfg.get("assisted") or [None])[0]}
         look, lead = cfg["pipespec"].get("lookahead", 0), cfg["pipespec"]["max_lead"]
         confidence = cfg["pipespec"].get("draft_confidence", 0.0)
@@ -555,7 +564,8 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         def our_system(name, key, strategy, settings, hierarchy):
             def run(p, n):
                 if strategy == "sd":
-                    return pipes[key].generate(p, n, strategy="sd", lookahead=state["sd_window"], max_lead=lead)
+                    return pipes[key].generate(p, n, strategy="sd", lookahead=state["sd_window"], max_lead=lead,
+                                               draft_confidence=state["sd_draft_confidence"])
                 return pipes[key].generate(p, n, strategy=strategy, lookahead=look, max_lead=lead,
                                            draft_confidence=confidence)
 
@@ -583,16 +593,19 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         pre = prompts[: cfg["prepass_prompts"]]
         prepass: dict[str, Any] = {"prompts": len(pre)}
         if "sd" in systems_wanted:
-            windows = list(cfg["sd_windows"])
-            if len(windows) > 1:
+            # (window, draft_confidence): HF assisted's candidates include its confidence stop, so sd's do too
+            candidates = [(w, c) for c in cfg.get("sd_draft_confidences", [0.0]) for w in cfg["sd_windows"]]
+            if len(candidates) > 1:
                 best, rates = _prepass(
-                    "sd window", windows, lambda w, p, n: pipes["k2"].generate(p, n, strategy="sd", lookahead=w),
+                    "sd (window, draft_confidence)", candidates,
+                    lambda wc, p, n: pipes["k2"].generate(p, n, strategy="sd", lookahead=wc[0], draft_confidence=wc[1]),
                     pre, max_new,
                 )
-                prepass["sd"] = [{"window": w, "tokens_per_s": r} for w, r in zip(windows, rates)]
+                prepass["sd"] = [{"window": w, "draft_confidence": c, "tokens_per_s": r}
+                                 for (w, c), r in zip(candidates, rates)]
             else:
                 best = 0
-            state["sd_window"] = windows[best]
+            state["sd_window"], state["sd_draft_confidence"] = candidates[best]
         if "hf_assisted" in systems_wanted:
             candidates = list(hf_cfg["assisted"])
             if len(candidates) > 1:
@@ -605,7 +618,9 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         for system in systems:
             if system.name == "sd":
                 system.settings = {"strategy": "sd", "window": state["sd_window"],
-                                   "chosen_from": list(cfg["sd_windows"])}
+                                   "draft_confidence": state["sd_draft_confidence"],
+                                   "chosen_from": list(cfg["sd_windows"]),
+                                   "draft_confidences_tried": list(cfg.get("sd_draft_confidences", [0.0]))}
             if system.name == "hf_assisted":
                 system.settings = dict(state["assisted"])
 
@@ -643,6 +658,13 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # summary
 # ---------------------------------------------------------------------------------------------
+def _machine_line(machine: Mapping[str, Any]) -> str:
+    cpu = machine.get("cpu") or {}
+    extensions = ", ".join(cpu.get("vector_extensions") or []) or "none listed"
+    return (f"machine: {cpu.get('name', '?')} (family {cpu.get('family', '?')}, model {cpu.get('model', '?')}; "
+            f"{extensions}), {machine.get('cpus')} CPUs, torch {machine.get('torch')}")
+
+
 def _rate(results) -> float:
     seconds = sum(r.time_s for r in results)
     return sum(len(r.tokens) for r in results) / seconds if seconds > 0 else 0.0
@@ -753,6 +775,7 @@ def summarize(cfg, systems: list[System], prompts, rss: PeakRSS, prepass, k2, k3
     report = {
         "config": {k: v for k, v in cfg.items() if k != "hydra"},
         "machine": {
+            "cpu": cpu_info(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
@@ -771,6 +794,7 @@ def summarize(cfg, systems: list[System], prompts, rss: PeakRSS, prepass, k2, k3
         "reference": reference_name,
         "prepass": prepass,
         "sd_best_window": by_name["sd"].settings.get("window") if "sd" in by_name else None,
+        "sd_best_draft_confidence": by_name["sd"].settings.get("draft_confidence") if "sd" in by_name else None,
         "hf_assisted_settings": by_name["hf_assisted"].settings if "hf_assisted" in by_name else None,
         "systems": rows,
         "notes": notes,
@@ -866,7 +890,9 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         f"k2 = {report['hierarchies']['k2']['name']} ({' -> '.join(report['hierarchies']['k2']['stages'])})"
         + (f"; k3 = {report['hierarchies']['k3']['name']} ({' -> '.join(report['hierarchies']['k3']['stages'])})"
            if report["hierarchies"]["k3"] else ""),
-        f"sd window: {report['sd_best_window']}; HF assisted: {report['hf_assisted_settings']}",
+        f"sd window: {report['sd_best_window']} (draft_confidence {report.get('sd_best_draft_confidence', 0.0)}); "
+        f"HF assisted: {report['hf_assisted_settings']}",
+        _machine_line(report["machine"]),
         "",
         "| system | tok/s median | min-max | x HF greedy | x HF assisted | accepted/verify | tokens/target step "
         "| target busy | ideal bound tok/s | of bound | identical | peak RSS MB |",

@@ -42,24 +42,48 @@ class RunError(RuntimeError):
 # ---- what the run directory records besides samples -------------------------------
 
 
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU behind a measurement: a VM's name ("AMD EPYC") hides generations whose int8 and
+    few-row fp32 matrix products differ by 2x, so also family, model and vector extensions."""
+    import torch
+
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor is enough
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {
+        "name": fields.get("model name") or platform.processor() or platform.machine(),
+        "family": fields.get("cpu family"),
+        "model": fields.get("model"),
+        "vector_extensions": [f for f in VECTOR_FLAGS if f in flags],
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def environment(specs) -> dict[str, Any]:
     """Library versions, CPU and GPU names, thread counts: what a reader needs to compare runs."""
     import torch
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_info()
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "cpu": cpu,
+        "cpu": cpu["name"],
+        "cpu_info": cpu,
         "cpu_count": os.cpu_count(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "threads_per_stage": [spec.threads for spec in specs],

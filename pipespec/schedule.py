@@ -58,8 +58,9 @@ def check_options(strategy: str, n_stages: int, lookahead: int, max_lead: int, d
         raise ConfigError(f"lookahead must be an integer >= 0, got {lookahead!r}")
     if not isinstance(max_lead, int) or max_lead < 1:
         raise ConfigError(f"max_lead must be an integer >= 1, got {max_lead!r}")
-    if isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float)) or not 0 <= draft_confidence < 1:
-        raise ConfigError(f"draft_confidence must be a number with 0 <= draft_confidence < 1 (0 = off), got {draft_confidence!r}")
+    confidence = draft_confidence
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
+        raise ConfigError(f"draft_confidence must be a number with 0 <= draft_confidence < 1 (0 = off), got {confidence!r}")
 
 
 def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0) -> list[Role]:

@@ -97,7 +97,8 @@ def test_a_drafter_stops_when_its_lead_is_unlikely():
     assert drafter.lead_confidence() == pytest.approx(0.8) and drafter.next_action()[0] == "model"
     drafter.adopt([7, 5])  # a rollback: the verifier's own token is certain
     assert drafter.out == [7, 5] and drafter.lead_confidence() == 1.0
-    off = StageRequest(0, Job(2, [3], 100, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "t"]), _NoEngine(), _Silent(), ["d", "t"])
+    off_job = Job(2, [3], 100, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "t"])
+    off = StageRequest(0, off_job, _NoEngine(), _Silent(), off_job.stage_names)
     off.extend([7, 8, 9], None, [0.1, 0.1, 0.1])
     assert off.next_action()[0] == "model"  # 0 = off: only max_lead stops it
 
