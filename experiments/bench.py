@@ -76,7 +76,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from pipespec.models import ConfigError  # noqa: E402
+from pipespec.errors import ConfigError  # noqa: E402
 from pipespec.runner import cpu_info  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ def _int(cfg: Mapping, key: str, low: int) -> int:
 
 def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the composed config (a plain dict); raise BenchConfigError with a one-line message."""
-    from pipespec.hf_baseline import assisted_settings
+    from experiments.hf_baseline import assisted_settings
 
     cfg = dict(cfg)
     for key, low in (("samples", 1), ("max_new_tokens", 1), ("repetitions", 1), ("warmup_tokens", 0),
@@ -219,7 +219,7 @@ def load_prompts(cfg: Mapping, tokenizer, context_length: int | None, family: st
 
     n, max_new = cfg["samples"], cfg["max_new_tokens"]
     if cfg["dataset"] == "random":
-        from pipespec.testing import random_prompts
+        from pipespec.tiny import random_prompts
 
         return random_prompts(n, length=cfg["random_prompt_length"], seed=0, vocab_size=len(tokenizer))
     from pipespec.data import build_prompt_ids, load_dataset
@@ -488,7 +488,7 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     from tqdm import tqdm
 
     from pipespec.api import Pipeline
-    from pipespec.hf_baseline import HFBaseline
+    from experiments.hf_baseline import HFBaseline
     from pipespec.models import context_length, load_tokenizer
 
     cfg = check_config(cfg)
@@ -964,7 +964,7 @@ def write_outputs(report: Mapping[str, Any], systems: list[System], out_dir: Pat
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pipespec.api import StageError
+    from pipespec.errors import StageError
     from pipespec.data import DataError
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)

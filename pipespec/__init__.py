@@ -7,11 +7,15 @@ __all__ = ["Pipeline", "GenerationResult", "StageError", "ConfigError", "StageSp
 
 
 def __getattr__(name):
-    if name in ("Pipeline", "GenerationResult", "StageError"):
+    if name in ("Pipeline", "GenerationResult"):
         from pipespec import api
 
         return getattr(api, name)
-    if name in ("ConfigError", "StageSpec"):
+    if name in ("ConfigError", "StageError"):
+        from pipespec import errors
+
+        return getattr(errors, name)
+    if name == "StageSpec":
         from pipespec import models
 
         return getattr(models, name)

@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from pipespec.errors import ConfigError, StageError
 from pipespec.models import (
-    ConfigError,
     StageSpec,
     check_shared_vocabulary,
     context_length,
@@ -50,10 +50,6 @@ from pipespec.trace import StageTrace, format_summary, summarize
 from pipespec.verify import check_acceptance, check_sampling
 
 HOST = "127.0.0.1"
-
-
-class StageError(RuntimeError):
-    """A stage failed, died or stalled; the message names the stage and the cause."""
 
 
 @dataclass

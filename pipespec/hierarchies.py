@@ -2,7 +2,7 @@
 
 Two model aliases need no hub: `smollm2` is the directory `pipespec.prepare`
 builds offline from the SmolLM2 PyPI package, and `tiny:NAME` a tiny random
-LLaMA from `pipespec.testing` (`tiny:target`, `tiny:draft_noise0.3`,
+LLaMA from `pipespec.tiny` (`tiny:target`, `tiny:draft_noise0.3`,
 `tiny:draft_noise0.05`), built into the cache on first use in a second.
 """
 
@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipespec.models import ConfigError, StageSpec
+from pipespec.errors import ConfigError
+from pipespec.models import StageSpec
 
 CONF_MODELS = Path(__file__).resolve().parent.parent / "conf" / "models"
 TINY_DRAFT_NOISE = (0.3, 0.05)  # the tiny drafts, in build order (their weights depend on it)
@@ -34,7 +35,7 @@ def tiny_model_dir(name: str) -> Path:
         raise ConfigError(f"unknown tiny model 'tiny:{name}'; available: {sorted('tiny:' + n for n in names)}")
     root = cache_root() / "models" / "tiny"
     if not (root / "target" / "config.json").exists():
-        from pipespec.testing import build_tiny_hierarchy
+        from pipespec.tiny import build_tiny_hierarchy
 
         root.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root.parent))

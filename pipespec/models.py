@@ -18,13 +18,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pipespec.errors import ConfigError
+
 KINDS = ("hf", "prompt_lookup")
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = (None, "int8-dynamic", "nf4")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the option and what is expected."""
 
 
 @dataclass

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipespec.models import ConfigError
+from pipespec.errors import ConfigError
 from pipespec.results import RunStore, ResultsError, refresh_reference, summarize_run
 
 GPU_QUERY = "timestamp,index,name,utilization.gpu,memory.used,memory.total,power.draw"

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipespec.models import ConfigError
+from pipespec.errors import ConfigError
 
 STRATEGIES = ("greedy", "sd", "pipespec")
 

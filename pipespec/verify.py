@@ -53,7 +53,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from pipespec.models import ConfigError
+from pipespec.errors import ConfigError
 
 ACCEPTANCE_MODES = ("exact", "synthetic")
 

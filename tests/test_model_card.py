@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from pipespec.api import GenerationResult
-from pipespec.model_card import DATASETS, format_card, summarize_runs
+from experiments.model_card import DATASETS, format_card, summarize_runs
 from pipespec.trace import StageTrace
 
 

@@ -16,11 +16,12 @@ import time
 import pytest
 import torch
 
-from pipespec.api import Pipeline, StageError
+from pipespec.api import Pipeline
+from pipespec.errors import StageError
 from pipespec.decoding import greedy_generate
 from pipespec.models import CausalLMRunner, StageSpec, load_model
-from pipespec.reliability import processes_gone
-from pipespec.testing import build_tiny_hierarchy, random_prompts
+from experiments.reliability import processes_gone
+from pipespec.tiny import build_tiny_hierarchy, random_prompts
 
 STALL_S = 3  # stall_timeout_s of every pipeline here
 ERROR_WITHIN_S = 10  # the bound every fault is held to

@@ -17,8 +17,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from pipespec.api import Pipeline, StageError
-from pipespec.reliability import processes_gone
+from pipespec.api import Pipeline
+from pipespec.errors import StageError
+from experiments.reliability import processes_gone
 from pipespec.results import RECORD_KEYS, read_records, read_summary, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +99,7 @@ def test_a_stage_fault_mid_run_leaves_valid_results_and_resume_completes(tmp_pat
 
 def test_a_multirun_killed_at_random_points_resumes_with_each_sample_once():
     """The reliability command's resume check: kills inside run 0, between runs, inside run 1, a torn line."""
-    from pipespec.reliability import run_resume
+    from experiments.reliability import run_resume
 
     report = run_resume(log=print)
     assert report["failures"] == []

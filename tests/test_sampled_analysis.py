@@ -53,7 +53,7 @@ from analysis.results import load_run
 from pipespec.api import Pipeline
 from pipespec.models import StageSpec, load_model
 from pipespec.results import find_run_dirs, read_config, read_records, read_summary
-from pipespec.testing import build_tiny_hierarchy
+from pipespec.tiny import build_tiny_hierarchy
 from pipespec.verify import Sampling, sampling_probs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,10 +28,11 @@ from scipy.stats import chi2, chisquare, norm
 
 from pipespec.api import Pipeline
 from pipespec.decoding import greedy_generate
-from pipespec.models import CausalLMRunner, ConfigError, StageSpec, load_model
+from pipespec.errors import ConfigError
+from pipespec.models import CausalLMRunner, StageSpec, load_model
 from pipespec.schedule import roles
 from pipespec.stage import Job, StageRequest
-from pipespec.testing import build_tiny_hierarchy
+from pipespec.tiny import build_tiny_hierarchy
 from pipespec.verify import Sampling, encode_dist, point_mass, sampling_probs, speculative_verify
 
 VOCAB = 16

@@ -13,8 +13,9 @@ import pytest
 
 from pipespec.api import Pipeline
 from pipespec.decoding import greedy_generate
-from pipespec.models import CausalLMRunner, ConfigError, StageSpec, load_model
-from pipespec.testing import build_tiny_hierarchy, random_prompts
+from pipespec.errors import ConfigError
+from pipespec.models import CausalLMRunner, StageSpec, load_model
+from pipespec.tiny import build_tiny_hierarchy, random_prompts
 
 MAX_NEW = 64
 # pipespec verifiers wait for 2 drafts (lookahead 2): these tiny stages all step equally fast, so with

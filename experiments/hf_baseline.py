@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from pipespec.decoding import final_output
-from pipespec.models import ConfigError, StageSpec, eos_token_ids, load_model
+from pipespec.errors import ConfigError
+from pipespec.models import StageSpec, eos_token_ids, load_model
 
 MODES = ("greedy", "assisted", "prompt_lookup")
 

@@ -1,13 +1,13 @@
 """Reliability figures: injected faults, a soak, killed-and-resumed sweeps and bad input, on tiny models.
 
-    python -m pipespec.reliability [--soak-generations 100] [--only faults,soak,resume,bad]
+    python -m experiments.reliability [--soak-generations 100] [--only faults,soak,resume,bad]
 
 1. faults: a stage raises, exits or is SIGKILLed at a seeded random point of a generation
    (every stage of k = 2 and k = 3, sd and pipespec), a stage stops responding, a control
    message is lost (`pipespec.faults`); each must end the call with a StageError naming the
    stage within 10 s, leave no stage process, and the next call on the same Pipeline must
    return greedy's tokens. Delayed messages (0.5 s) must change nothing but the time.
-2. soak: `pipespec.soak` on one pipeline (no hang, outputs identical to greedy, RSS growth
+2. soak: `experiments.soak` on one pipeline (no hang, outputs identical to greedy, RSS growth
    per process under its bound).
 3. resume: a tiny_k2 multirun (greedy, sd; 4 samples each) killed inside a run, between
    runs and inside the next run, a torn line added, resumed each time: every sample once.
@@ -87,11 +87,12 @@ def fault_cases() -> list[tuple[str, int, str, dict]]:
 def run_faults(log) -> dict:
     import torch
 
-    from pipespec.api import Pipeline, StageError
+    from pipespec.api import Pipeline
+    from pipespec.errors import StageError
     from pipespec.decoding import greedy_generate
     from pipespec.hierarchies import load_hierarchy
     from pipespec.models import CausalLMRunner, load_model
-    from pipespec.testing import random_prompts
+    from pipespec.tiny import random_prompts
 
     specs = {2: load_hierarchy("tiny_k2"), 3: load_hierarchy("tiny_k3")}
     torch.set_num_threads(1)
@@ -264,7 +265,7 @@ BAD_RUN_OPTIONS = [
 
 def run_bad_inputs(log) -> dict:
     from pipespec.hierarchies import tiny_model_dir
-    from pipespec.testing import build_tiny_hierarchy
+    from pipespec.tiny import build_tiny_hierarchy
 
     tiny_model_dir("target")  # built once, before several processes want it
     failures, lines = [], []
@@ -416,7 +417,7 @@ def _run(args, parts: list[str], console, stage_log: str) -> int:
             g = groups["delay"]
             out.append(f"  a control message delayed 0.5 s: {g['ok']}/{g['tried']} outputs identical to greedy")
     if "soak" in parts:
-        from pipespec.soak import WARMUP, soak
+        from experiments.soak import WARMUP, soak
 
         with contextlib.redirect_stdout(console if args.verbose else io.StringIO()):  # its progress lines
             report = soak("tiny_k3", args.soak_generations, 24, 50.0, 30.0)

@@ -1,6 +1,6 @@
 """Soak: many consecutive generations on one pipeline, checked for hangs, memory growth and identity.
 
-    python -m pipespec.soak [--generations 200] [--models tiny_k3] [--max-new-tokens 24] [--bound-mb 50]
+    python -m experiments.soak [--generations 200] [--models tiny_k3] [--max-new-tokens 24] [--bound-mb 50]
 
 Cycles greedy, sd and pipespec over a few prompts and lookaheads on one pipeline
 (one set of stage processes for the whole soak). Every output must equal the
@@ -30,7 +30,7 @@ def rss_mb(pids: list[int]) -> list[float]:
 def soak(models: str, generations: int, max_new_tokens: int, bound_mb: float, timeout_s: float) -> dict:
     from pipespec.api import Pipeline
     from pipespec.hierarchies import load_hierarchy
-    from pipespec.testing import random_prompts
+    from pipespec.tiny import random_prompts
 
     prompts = random_prompts(8, length=16, seed=3)
     plan = [("greedy", 0), ("sd", 2), ("sd", 4), ("pipespec", 0), ("pipespec", 2)]
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bound-mb", type=float, default=50.0, help="allowed RSS growth per process")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="per-call and stall timeout")
     args = parser.parse_args(argv)
-    from pipespec.api import StageError
-    from pipespec.models import ConfigError
+    from pipespec.errors import StageError
+    from pipespec.errors import ConfigError
 
     try:
         report = soak(args.models, args.generations, args.max_new_tokens, args.bound_mb, args.timeout_s)

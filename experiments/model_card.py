@@ -1,6 +1,6 @@
 """Model card of the default CPU hierarchies, measured on this machine.
 
-    python -m pipespec.model_card --samples 20 --max-new-tokens 128 --write conf/models/README.md
+    python -m experiments.model_card --samples 20 --max-new-tokens 128 --write conf/models/README.md
 
 For every named SmolLM2 hierarchy and each dataset (HumanEval, the news_lee stand-in
 with the CNN/DM prompt, chat template applied), it runs greedy, sd and pipespec on
@@ -123,7 +123,7 @@ def format_card(cards: dict, costs: dict, args) -> str:
     lines = [
         "# Model card: the default CPU hierarchies",
         "",
-        "Regenerate: `.venv/bin/python -m pipespec.model_card "
+        "Regenerate: `.venv/bin/python -m experiments.model_card "
         f"--samples {args.samples} --max-new-tokens {args.max_new_tokens} --write conf/models/README.md` "
         "(2-core machine, one torch thread per stage; timings are noisy, compare within one run).",
         "",
