@@ -2,33 +2,46 @@
 
     python -m analysis.figures [--official DIR] [--results DIR] [--out paper_figures]
 
-writes PNG and PDF files (matplotlib, Agg backend) named ``<figure>_<source>``,
-source ``official`` (the authors' HumanEval logs) or ``ours`` (run directories
-under ``--results``):
+With its defaults it regenerates exactly the committed ``paper_figures/`` set. Each
+figure ``<figure>_<source>`` is written as PNG, PDF and CSV (the plotted data, one row
+per point or bar, with the file or run it came from), and ``figures.csv`` lists every
+figure with its data source, the runs it selected and its caption. A figure listed
+there by an earlier call and no longer made is removed. Sources:
 
-- ``fig3_accepted_histogram``: tokens accepted per final-model verification
-  (own token included, as the logs count it), SD against PipeSpec, with ms/token;
-- ``fig4_lookahead``: ms/token against lookahead, SD against PipeSpec (greedy as a line);
-- ``fig5_timeline``: one sample over time. Ours: per-stage busy timeline from the
-  traces (draft / verify / one-token steps); official: per-GPU utilisation (NVML
-  samples in the logs), since the logs hold no step timestamps;
-- ``rho_alpha``: Eq. 3 rho against alpha for several gamma, with measured points;
-- ``predicted_measured``: predicted against measured tokens/s, ours and the
-  paper's model, with the y = x line and a +-15 % band;
-- ``speedup_depth``: speedup over greedy against the number of stages.
+- ``official``: the authors' HumanEval logs (``--official``: the results folder or its
+  ``humaneval/`` subfolder);
+- ``ours``: our exact (lossless) runs with greedy decoding under ``--results``; runs
+  are drawn together only when they share dataset, budget and decoding
+  (``analysis.results.run_set_key``), and each is compared with the AR run of its own
+  target, dataset and budget (``analysis.results.greedy_reference``);
+- ``synthetic``: runs with synthetic acceptance (drafts accepted at a set rate: not
+  lossless), only in the figure made for them.
 
-A figure whose data is absent is skipped with a printed note. Every figure is
-built by a ``figure_*`` function that takes plain data and returns a matplotlib
-Figure, so ``analysis.report`` reuses them.
+Figures: ``fig3_accepted_histogram`` (tokens appended per final-model verification in
+the bins below, with a time-per-token panel), ``fig4_lookahead`` (ms/token against
+lookahead with the AR line), ``fig5_gpu_utilisation`` (official: utilisation of each
+active GPU, labelled by model, with per-active-GPU means, power and energy per token) /
+``fig5_timeline`` (ours: per-stage busy timeline; no power data on our CPU runs),
+``rho_alpha`` (Eq. 3 with measured points, colour bar = gamma), ``model_measured``
+(our wall-clock model, an in-sample decomposition whose costs are fitted on the very
+run it reports, and the paper's model, against measured tokens/s), ``speedup_depth``
+and ``synthetic_acceptance``. Sampled runs get no figure yet (and never a greedy one).
+
+Each ``figure_*`` function takes plain data and returns a matplotlib Figure;
+``official_figures`` / ``ours_figures`` / ``synthetic_figures`` return thunks that
+build a ``Drawn`` (figure, data rows, sources, caption), so ``analysis.report`` reuses them.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import math
+import os
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -37,70 +50,179 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on the measurement machines
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from analysis import fit, wallclock  # noqa: E402
 from analysis import import_official as official  # noqa: E402
 from analysis import paper_model as pm  # noqa: E402
-from analysis.results import ResultsError, find_runs  # noqa: E402
+from pipespec.stats import StageStats  # noqa: E402
+from analysis.results import (  # noqa: E402
+    ResultsError,
+    Run,
+    describe_run_set,
+    find_runs,
+    greedy_reference,
+    run_set_key,
+    select_runs,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OFFICIAL = REPO_ROOT.parent / "shared" / "reference" / "pipespec-official-results" / "humaneval"
+DEFAULT_OFFICIAL = REPO_ROOT.parent / "shared" / "reference" / "pipespec-official-results"
 DEFAULT_RESULTS = REPO_ROOT / "results"
 DEFAULT_OUT = REPO_ROOT / "paper_figures"
+COMMAND = "python -m analysis.figures"
+MANIFEST = "figures.csv"
+MANIFEST_COLUMNS = ("figure", "files", "data", "selection", "caption")
+SUFFIXES = ("png", "pdf", "csv")
 GAMMAS = (1, 2, 4, 8, 16)
+# histogram bins of tokens appended per verification (own token included): one per count up to the
+# synchronous window of the 70B logs (8), then two wide bins for PipeSpec's long runs
+BINS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 8), (9, 16), (17, None))
 STRATEGY_COLORS = {"greedy": "tab:gray", "sd": "tab:blue", "pipespec": "tab:orange"}
 KIND_COLORS = {"draft": "tab:green", "verify": "tab:orange", "single": "tab:blue"}
 DISPLAY = {"greedy": "AR", "sd": "SD", "pipespec": "PipeSpec", "chain": "SD", "async-chain": "PipeSpec"}
+MARKERS = "osD^vP*X"
+ORDER = ["greedy", "sd", "pipespec"]  # strategies in every legend and table
+SYNTHETIC_LABEL = "synthetic acceptance (not lossless)"
+IN_SAMPLE = "in-sample decomposition"
+NO_ENERGY = ("energy per token: not available (our runs are on CPUs: no NVML power samples; "
+             "env.json holds none)")
+
+# one style for every figure, fixed so the files do not depend on a user's matplotlibrc
+STYLE = {
+    "figure.dpi": 100, "savefig.dpi": 130, "font.family": "DejaVu Sans", "font.size": 9,
+    "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 7.5, "xtick.labelsize": 8,
+    "ytick.labelsize": 8, "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.6,
+    "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "pipespec",
+    "pdf.compression": 6, "path.simplify": True,
+}
+PNG_METADATA = {"Software": None}
+PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
+
+
+@dataclass
+class Drawn:
+    """A built figure with the data it plots (``rows``), where that came from, and its caption."""
+
+    fig: plt.Figure
+    rows: list[dict]
+    sources: list[str]  # data folders (repo-relative where possible)
+    selection: str  # which runs or logs, chosen how
+    caption: str
+    extra: dict = field(default_factory=dict)
+
+
+def _shown(path: str | Path) -> str:
+    """A path relative to the repository (stable whichever folder the command runs from)."""
+    return os.path.relpath(Path(path).resolve(), REPO_ROOT)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (float, np.floating)):
+        return "" if not math.isfinite(value) else f"{float(value):.6g}"
+    return str(value)
+
+
+def _caption(fig: plt.Figure, text: str, sources: Sequence[str]) -> None:
+    """The caption line at the foot of a figure: what it shows, its data and the command."""
+    fig.text(0.005, 0.004, f"{text}\nData: {'; '.join(sources)}. Made by: {COMMAND}", fontsize=6.5,
+             va="bottom", ha="left", color="0.25", wrap=True)
+
+
+def _finish(fig: plt.Figure, title: str, caption: str, sources: Sequence[str], bottom: float = 0.12) -> None:
+    fig.suptitle(title, fontsize=10.5)
+    fig.tight_layout(rect=(0, bottom, 1, 0.97))
+    _caption(fig, caption, sources)
 
 
 # --------------------------------------------------------------------------- figure builders (plain data in)
 
 
-def figure_accepted_histogram(panels: Sequence[tuple[str, Sequence[tuple[str, Sequence[int], float]]]],
-                              title: str) -> plt.Figure:
-    """Panels of (panel title, [(series label, counts incl. own token, ms/token), ...])."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+def bin_label(low: int, high: int | None) -> str:
+    return str(low) if high == low else (f"{low}+" if high is None else f"{low}-{high}")
+
+
+def binned_shares(counts: Sequence[int], bins=BINS) -> list[float]:
+    """Percent of ``counts`` in each (low, high) bin (high None: open)."""
+    total = max(len(counts), 1)
+    return [100.0 * sum(1 for c in counts if c >= low and (high is None or c <= high)) / total for low, high in bins]
+
+
+def figure_accepted_histogram(panels: Sequence[tuple[str, Sequence[tuple[str, str, Sequence[int]]]]],
+                              times: Sequence[tuple[str, str, float]], title: str, caption: str,
+                              sources: Sequence[str]) -> tuple[plt.Figure, list[dict]]:
+    """Panels of (title, [(label, strategy, counts incl. own token)]), and (label, strategy, ms/token) bars."""
+    n = len(panels) + 1
+    fig, axes = plt.subplots(1, n, figsize=(4.3 * n, 4.1), squeeze=False,
+                             gridspec_kw={"width_ratios": [3] * len(panels) + [2]})
+    rows = []
+    labels = [bin_label(*b) for b in BINS]
+    x = np.arange(len(BINS))
     for ax, (panel_title, series) in zip(axes[0], panels):
-        top = max((max(c) for _, c, _ in series if len(c)), default=1)
-        bins = np.arange(0.5, top + 1.5, 1.0)
-        for label, counts, ms in series:
-            color = STRATEGY_COLORS.get("pipespec" if "PipeSpec" in label else "sd")
-            weights = np.full(len(counts), 100.0 / max(len(counts), 1))  # percent of verifications
-            ax.hist(counts, bins=bins, weights=weights, alpha=0.55, color=color,
-                    label=f"{label}: {ms:.1f} ms/token, mean {np.mean(counts):.2f}")
+        width = 0.8 / max(len(series), 1)
+        for i, (label, strategy, counts) in enumerate(series):
+            shares = binned_shares(counts)
+            mean = float(np.mean(counts)) if len(counts) else math.nan
+            ax.bar(x - 0.4 + width * (i + 0.5), shares, width, color=STRATEGY_COLORS[strategy],
+                   label=f"{label} (mean {mean:.2f}, n={len(counts)})")
+            rows += [{"panel": panel_title, "series": label, "bin": b, "percent_of_verifications": s,
+                      "verifications": len(counts), "mean_tokens_per_verification": mean}
+                     for b, s in zip(labels, shares)]
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylim(0, max([r["percent_of_verifications"] for r in rows if r["panel"] == panel_title] + [1]) * 1.4)
         ax.set_title(panel_title)
-        ax.set_xlabel("tokens accepted per final-model verification (incl. own token)")
-        ax.set_ylabel("% of verifications")
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+        ax.set_xlabel("tokens appended per final-model verification (count)")
+        ax.set_ylabel("share of verifications (%)")
+        ax.legend(loc="upper left")
+    ax = axes[0, -1]
+    positions = np.arange(len(times))
+    ax.barh(positions, [t[2] for t in times], color=[STRATEGY_COLORS[t[1]] for t in times])
+    for pos, (label, _, ms) in zip(positions, times):
+        ax.text(ms, pos, f" {ms:.1f}", va="center", fontsize=7)
+        rows.append({"panel": "time per token", "series": label, "bin": "", "ms_per_token": ms})
+    ax.set_yticks(positions, [t[0] for t in times], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(t[2] for t in times) * 1.25)
+    ax.set_xlabel("time per token (ms)")
+    ax.set_title("time per token")
+    _finish(fig, title, caption, sources)
+    return fig, rows
 
 
-def figure_lookahead(panels: Sequence[tuple[str, dict[str, Sequence[tuple[int, float]]], float | None]],
-                     title: str) -> plt.Figure:
-    """Panels of (panel title, {strategy: [(lookahead, ms/token), ...]}, greedy ms/token or None)."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
-    for ax, (panel_title, series, greedy_ms) in zip(axes[0], panels):
-        for strategy, points in series.items():
-            points = sorted(points)
+def figure_lookahead(panels: Sequence[tuple[str, dict[str, Sequence[tuple[int, float, str]]], tuple[str, float] | None]],
+                     title: str, caption: str, sources: Sequence[str]) -> tuple[plt.Figure, list[dict]]:
+    """Panels of (title, {strategy: [(lookahead, ms/token, source)]}, (AR label, AR ms/token) or None)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.9), squeeze=False)
+    rows = []
+    for ax, (panel_title, series, ar) in zip(axes[0], panels):
+        for strategy in sorted(series, key=ORDER.index):
+            points = sorted(series[strategy])
             ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=STRATEGY_COLORS[strategy],
-                    label=DISPLAY[strategy])
-        if greedy_ms is not None:
-            ax.axhline(greedy_ms, color=STRATEGY_COLORS["greedy"], linestyle="--", label="AR")
+                    label=DISPLAY[strategy], markersize=4)
+            rows += [{"panel": panel_title, "strategy": DISPLAY[strategy], "lookahead": p[0], "ms_per_token": p[1],
+                      "source": p[2]} for p in points]
+        if ar is not None:
+            ax.axhline(ar[1], color=STRATEGY_COLORS["greedy"], linestyle="--", label=f"AR ({ar[1]:.1f} ms)")
+            rows.append({"panel": panel_title, "strategy": "AR", "lookahead": "", "ms_per_token": ar[1],
+                         "source": ar[0]})
         ax.set_title(panel_title)
-        ax.set_xlabel("lookahead")
-        ax.set_ylabel("ms / token")
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+        ax.set_xlabel("lookahead (tokens)")
+        ax.set_ylabel("time per token (ms)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="lower right")
+    _finish(fig, title, caption, sources)
+    return fig, rows
 
 
-def figure_timeline(panels: Sequence[tuple[str, Sequence]], title: str) -> plt.Figure:
-    """Panels of (panel title, stage traces of one sample): one row per stage, a bar per step."""
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.1 + 0.9 * sum(len(t) for _, t in panels)),
+def figure_timeline(panels: Sequence[tuple[str, Sequence]], title: str, caption: str,
+                    sources: Sequence[str]) -> tuple[plt.Figure, list[dict]]:
+    """Panels of (title, stage traces of one sample): one row per stage, a bar per step."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.6 + 0.9 * sum(len(t) for _, t in panels)),
                              squeeze=False)
+    rows = []
     for ax, (panel_title, traces) in zip(axes[:, 0], panels):
         origin = min(t.start_time for t in traces)
         for row, trace in enumerate(traces):
@@ -118,111 +240,229 @@ def figure_timeline(panels: Sequence[tuple[str, Sequence]], title: str) -> plt.F
             busy = sum(e - s for s, e in zip(steps["t_start"], steps["t_end"]))
             wall = max(trace.end_time - trace.start_time, 1e-9)
             ax.text(1.0, row, f" {100 * busy / wall:.0f}% busy", transform=ax.get_yaxis_transform(),
-                    va="center", fontsize=8)
+                    va="center", fontsize=7)
+            rows.append({"panel": panel_title, "stage": trace.name, "steps": len(steps["kind"]),
+                         "busy_s": busy, "wall_s": wall, "busy_percent": 100 * busy / wall,
+                         "rollbacks": sum(1 for r in steps["rollbacks"] if r)})
         ax.set_yticks(range(len(traces)), [t.name for t in traces])
         ax.set_ylim(-0.6, len(traces) - 0.4)
-        ax.set_title(panel_title, fontsize=10)
-        ax.set_xlabel("seconds")
-    handles = [matplotlib.patches.Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
+        ax.set_title(panel_title)
+        ax.set_xlabel("time since the sample started (s)")
+        ax.grid(axis="y", visible=False)
+    handles = [matplotlib.patches.Patch(color=c, label=f"{k} step") for k, c in KIND_COLORS.items()]
     handles.append(matplotlib.lines.Line2D([], [], marker="v", color="tab:red", linestyle="", label="rollback"))
-    fig.legend(handles=handles, loc="lower center", fontsize=8, ncol=4)
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.05, 0.94, 1.0))
-    return fig
+    fig.suptitle(title, fontsize=10.5, y=0.995)
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.965), ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 0.93, 0.93))
+    _caption(fig, caption, sources)
+    return fig, rows
 
 
-def figure_gpu_utilisation(panels: Sequence[tuple[str, Sequence[dict]]], title: str) -> plt.Figure:
-    """Panels of (panel title, NVML samples {timestamp, gpu_utilizations}) of one sample each."""
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.3 * len(panels)), squeeze=False, sharex=False)
-    for ax, (panel_title, samples) in zip(axes[:, 0], panels):
-        times = [s["timestamp"] for s in samples]
-        utilisation = np.array([s["gpu_utilizations"] for s in samples], dtype=float)
-        for gpu in range(utilisation.shape[1]):
-            ax.plot(times, utilisation[:, gpu], label=f"GPU {gpu} (mean {utilisation[:, gpu].mean():.0f}%)")
-        ax.set_title(f"{panel_title}: mean over GPUs {utilisation.mean():.1f}%", fontsize=10)
-        ax.set_ylabel("utilisation %")
-        ax.set_ylim(0, 105)
-        ax.legend(fontsize=7, ncol=4, loc="upper right")
-    axes[-1, 0].set_xlabel("seconds")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+def gpu_panel_data(samples: Sequence[dict], gpus: dict[int, str], tokens: int) -> dict:
+    """Per active GPU: utilisation over time and means; mean power; energy per token per active GPU
+    (trapezoid integral of the mean active-GPU power over the sampled span / tokens) and for all of them."""
+    times = np.array([s["timestamp"] for s in samples], dtype=float)
+    active = sorted(gpus)
+    utilisation = np.array([[s["gpu_utilizations"][g] for g in active] for s in samples], dtype=float)
+    power = np.array([[s["gpu_powers"][g] for g in active] for s in samples], dtype=float) \
+        if all("gpu_powers" in s for s in samples) else None
+    data = {"times": times, "active": active, "utilisation": utilisation,
+            "mean_utilisation": float(utilisation.mean()), "mean_power_w": None, "energy_j_per_token": None,
+            "system_energy_j_per_token": None}
+    if power is not None and len(times) > 1 and tokens:
+        mean_power = power.mean(axis=1)
+        energy = float(np.sum((mean_power[1:] + mean_power[:-1]) / 2 * np.diff(times)))
+        data.update(mean_power_w=float(power.mean()), energy_j_per_token=energy / tokens,
+                    system_energy_j_per_token=energy * len(active) / tokens)
+    return data
 
 
-def figure_rho_alpha(points: Sequence[tuple[float, float, float, str]], title: str,
-                     gammas: Sequence[int] = GAMMAS) -> plt.Figure:
-    """Eq. 3 curves rho(alpha) for each gamma, and measured (alpha, rho, gamma, label) points."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+def figure_gpu_utilisation(panels: Sequence[tuple[str, dict, dict[int, str]]], title: str, caption: str,
+                           sources: Sequence[str]) -> tuple[plt.Figure, list[dict]]:
+    """Panels of (title, ``gpu_panel_data``, GPU -> model); bars: per-active-GPU utilisation, power, energy."""
+    fig = plt.figure(figsize=(11, 2.5 * len(panels) + 1.2))
+    grid = fig.add_gridspec(len(panels), 2, width_ratios=(3.2, 1))
+    rows = []
+    bars_ax = [fig.add_subplot(grid[i, 1]) for i in range(min(3, len(panels)))]
+    for i, (panel_title, data, gpus) in enumerate(panels):
+        ax = fig.add_subplot(grid[i, 0])
+        for column, gpu in enumerate(data["active"]):
+            series = data["utilisation"][:, column]
+            ax.plot(data["times"], series, linewidth=1,
+                    label=f"{gpus[gpu]} (GPU {gpu}, mean {series.mean():.1f}%)")
+        ax.set_title(f"{panel_title}: mean over its {len(data['active'])} active GPUs "
+                     f"{data['mean_utilisation']:.1f}%")
+        ax.set_ylabel("utilisation (%)")
+        ax.set_ylim(0, 140)  # room above 100 % for the legend
+        ax.set_yticks([0, 25, 50, 75, 100])
+        ax.legend(loc="upper center", ncol=4, fontsize=6.5, frameon=False)
+        ax.set_xlabel("time since the sample started (s)")
+        rows.append({"panel": panel_title, "active_gpus": " ".join(f"{g}:{gpus[g]}" for g in data["active"]),
+                     "mean_utilisation_percent_per_active_gpu": data["mean_utilisation"],
+                     "mean_power_w_per_active_gpu": data["mean_power_w"],
+                     "energy_j_per_token_per_active_gpu": data["energy_j_per_token"],
+                     "energy_j_per_token_all_active_gpus": data["system_energy_j_per_token"]})
+    metrics = (("mean_utilisation_percent_per_active_gpu", "utilisation per active GPU (%)"),
+               ("mean_power_w_per_active_gpu", "power per active GPU (W)"),
+               ("energy_j_per_token_per_active_gpu", "energy per token per active GPU (J)"))
+    names = [r["panel"].split(" (")[0] for r in rows]
+    colors = [STRATEGY_COLORS.get({"AR": "greedy", "SD": "sd", "PipeSpec": "pipespec"}.get(n, ""), "tab:gray")
+              for n in names]
+    for ax, (key, label) in zip(bars_ax, metrics):
+        values = [r[key] if r[key] is not None else 0.0 for r in rows]
+        ax.bar(range(len(rows)), values, color=colors)
+        for pos, value in enumerate(values):
+            ax.text(pos, value, f"{value:.1f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(rows)), names)
+        ax.set_ylabel(label, fontsize=7.5)
+        ax.set_ylim(0, max(values + [1]) * 1.2)
+    _finish(fig, title, caption, sources, bottom=0.08)
+    return fig, rows
+
+
+def figure_rho_alpha(points: Sequence[tuple[float, float, float, str]], title: str, xlabel: str, caption: str,
+                     sources: Sequence[str], gammas: Sequence[int] = GAMMAS) -> tuple[plt.Figure, list[dict]]:
+    """Eq. 3 curves rho(alpha) for each gamma, and measured (alpha, rho, gamma, label) points; colour = gamma."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.9))
     alphas = np.linspace(0.0, 1.0, 201)
     cmap = plt.get_cmap("viridis")
     norm = matplotlib.colors.LogNorm(vmin=min(gammas), vmax=max(gammas))
     for gamma in gammas:
-        ax.plot(alphas, [pm.steady_state_rho(a, gamma) for a in alphas], color=cmap(norm(gamma)),
-                label=f"Eq. 3, gamma={gamma}")
-    markers = {}
+        ax.plot(alphas, [pm.steady_state_rho(a, gamma) for a in alphas], color=cmap(norm(gamma)), linewidth=1.2)
+    markers: dict[str, str] = {}
+    rows = []
     for alpha, rho, gamma, label in points:
-        marker = markers.setdefault(label, "osD^vP*"[len(markers) % 7])
-        ax.scatter([alpha], [rho], color=cmap(norm(min(max(gamma, min(gammas)), max(gammas)))), marker=marker,
-                   edgecolors="black", s=46, zorder=3, label=label if label not in ax.get_legend_handles_labels()[1]
-                   else None)
-    ax.set_xlabel("alpha (acceptance rate, MLE)")
-    ax.set_ylabel("rho (verification fraction)")
+        marker = markers.setdefault(label, MARKERS[len(markers) % len(MARKERS)])
+        clipped = min(max(gamma, min(gammas)), max(gammas))
+        ax.scatter([alpha], [rho], color=cmap(norm(clipped)), marker=marker, edgecolors="black", s=40, zorder=3)
+        rows.append({"series": label, "alpha": alpha, "rho": rho, "gamma": gamma})
+    handles = [matplotlib.lines.Line2D([], [], color="0.4", label="Eq. 3 (one line per gamma)")]
+    handles += [matplotlib.lines.Line2D([], [], marker=m, color="white", markeredgecolor="black", linestyle="",
+                                        label=label) for label, m in markers.items()]
+    ax.legend(handles=handles, loc="upper left")
+    bar = fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax)
+    bar.set_label("gamma (drafts per verification, tokens)")
+    bar.set_ticks(list(gammas), labels=[str(g) for g in gammas])
+    bar.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("rho (share of target steps that verify)")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.05)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    return fig
+    _finish(fig, title, caption, sources)
+    return fig, rows
 
 
-def figure_predicted_measured(points: Sequence[tuple[float, float, float | None, str]], title: str,
-                              unit: str = "tokens/s", band: float = 0.15) -> plt.Figure:
-    """(measured, ours, paper or None, label) points; y = x with a +-band."""
-    fig, ax = plt.subplots(figsize=(5.6, 5.2))
-    values = [v for m, o, p, _ in points for v in (m, o, p) if v is not None and math.isfinite(v)]
-    low, high = min(values) * 0.8, max(values) * 1.15
+def figure_model_measured(points: Sequence[tuple[float, float, float | None, str, str]], title: str, caption: str,
+                          sources: Sequence[str], band: float = 0.15) -> tuple[plt.Figure, list[dict]]:
+    """(measured, ours, paper or None, label, source) in tokens/s: a scatter against y = x, and beside it
+    each run's relative error by name (no point labels to overlap)."""
+    fig = plt.figure(figsize=(11, max(4.8, 1.8 + 0.2 * len(points))))
+    grid = fig.add_gridspec(1, 2, width_ratios=(1, 1.1))
+    ax = fig.add_subplot(grid[0, 0])
+    errors_ax = fig.add_subplot(grid[0, 1])
+    values = [v for m, o, p, *_ in points for v in (m, o, p) if v is not None and math.isfinite(v)]
+    low, high = min(values) * 0.8, max(values) * 1.1
     line = np.array([low, high])
     ax.plot(line, line, "k-", linewidth=1, label="y = x")
     ax.fill_between(line, line * (1 - band), line * (1 + band), color="gray", alpha=0.15,
                     label=f"+-{100 * band:.0f}%")
-    ax.scatter([m for m, *_ in points], [o for _, o, _, _ in points], color="tab:green", edgecolors="black",
-               zorder=3, label="our wall-clock model")
-    paper = [(m, p) for m, _, p, _ in points if p is not None and math.isfinite(p)]
+    ax.scatter([p[0] for p in points], [p[1] for p in points], color="tab:green", edgecolors="black", zorder=3,
+               label=f"our wall-clock model ({IN_SAMPLE})")
+    paper = [(m, p) for m, _, p, *_ in points if p is not None and math.isfinite(p)]
     if paper:
         ax.scatter([m for m, _ in paper], [p for _, p in paper], marker="^", color="tab:red", edgecolors="black",
                    zorder=3, label="paper model (Eq. 4 / 5)")
-    for measured, ours, _, label in points:
-        ax.annotate(label, (measured, ours), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlim(low, high)
-    ax.set_ylim(low, max(high, max(values) * 1.05))
-    ax.set_xlabel(f"measured {unit}")
-    ax.set_ylabel(f"predicted {unit}")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    return fig
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured throughput (tokens/s)")
+    ax.set_ylabel("model throughput (tokens/s)")
+    ax.legend(loc="lower right")
+    rows = []
+    positions = np.arange(len(points))
+    ours_errors, paper_errors = [], []
+    for measured, ours, paper_value, label, source in points:
+        ours_errors.append(100 * (ours / measured - 1))
+        paper_errors.append(None if paper_value is None else 100 * (paper_value / measured - 1))
+        rows.append({"run": label, "measured_tokens_per_s": measured, "ours_in_sample_tokens_per_s": ours,
+                     "ours_error": ours / measured - 1, "paper_model_tokens_per_s": paper_value,
+                     "paper_error": None if paper_value is None else paper_value / measured - 1, "source": source})
+    errors_ax.axvspan(-100 * band, 100 * band, color="gray", alpha=0.15)
+    errors_ax.axvline(0, color="black", linewidth=0.8)
+    errors_ax.barh(positions - 0.2, ours_errors, 0.4, color="tab:green", label="ours")
+    errors_ax.barh(positions + 0.2, [e if e is not None else 0.0 for e in paper_errors], 0.4, color="tab:red",
+                   label="paper")
+    errors_ax.set_yticks(positions, [p[3] for p in points], fontsize=6.5)
+    errors_ax.invert_yaxis()
+    errors_ax.set_xlabel("model error against measured throughput (%)")
+    errors_ax.legend(loc="lower right")
+    errors_ax.grid(axis="y", visible=False)
+    _finish(fig, title, caption, sources, bottom=0.09)
+    return fig, rows
 
 
-def figure_speedup_depth(series: dict[str, Sequence[tuple[int, float, str]]], title: str) -> plt.Figure:
-    """{strategy: [(number of stages, speedup over greedy, label), ...]}."""
-    fig, ax = plt.subplots(figsize=(6.0, 4.4))
+def figure_speedup_depth(points: Sequence[tuple[str, str, int, float, str]], title: str, caption: str,
+                         sources: Sequence[str]) -> tuple[plt.Figure, list[dict]]:
+    """(strategy, hierarchy, depth, speedup over AR, source): colour = strategy, marker = hierarchy."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
     ax.axhline(1.0, color=STRATEGY_COLORS["greedy"], linestyle="--", label="AR (1 stage)")
-    for strategy, points in series.items():
-        points = sorted(points)
-        depths = sorted({p[0] for p in points})
-        best = [max(p[1] for p in points if p[0] == d) for d in depths]
-        ax.plot([1] + depths, [1.0] + best, "-", color=STRATEGY_COLORS[strategy], alpha=0.6)  # from AR at depth 1
-        ax.scatter([p[0] for p in points], [p[1] for p in points], color=STRATEGY_COLORS[strategy],
-                   edgecolors="black", zorder=3, label=DISPLAY[strategy])
-        for depth, speedup, label in points:
-            ax.annotate(label, (depth, speedup), fontsize=6, xytext=(4, 2), textcoords="offset points")
-    ax.set_xlabel("stages in the hierarchy (depth)")
-    ax.set_ylabel("speedup over greedy (AR)")
-    ax.set_xticks(sorted({1} | {p[0] for pts in series.values() for p in pts}))
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    hierarchies = sorted({p[1] for p in points})
+    marker = {h: MARKERS[i % len(MARKERS)] for i, h in enumerate(hierarchies)}
+    rows = []
+    for strategy in ("sd", "pipespec"):
+        mine = [p for p in points if p[0] == strategy]
+        if not mine:
+            continue
+        depths = sorted({p[2] for p in mine})
+        best = [max(p[3] for p in mine if p[2] == d) for d in depths]
+        ax.plot([1] + depths, [1.0] + best, "-", color=STRATEGY_COLORS[strategy], alpha=0.6,
+                label=f"{DISPLAY[strategy]} (best per depth)")
+        for _, hierarchy, depth, speedup, source in mine:
+            ax.scatter([depth], [speedup], color=STRATEGY_COLORS[strategy], marker=marker[hierarchy],
+                       edgecolors="black", zorder=3, s=34)
+            rows.append({"strategy": DISPLAY[strategy], "hierarchy": hierarchy, "depth": depth,
+                         "speedup_vs_ar": speedup, "source": source})
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [matplotlib.lines.Line2D([], [], marker=marker[h], color="white", markeredgecolor="black",
+                                        linestyle="", label=h) for h in hierarchies]
+    ax.legend(handles=handles, loc="upper left")
+    ax.set_xlabel("stages in the hierarchy (count)")
+    ax.set_ylabel("speedup over AR (x)")
+    ax.set_xticks(sorted({1} | {p[2] for p in points}))
+    ax.set_ylim(bottom=0)
+    _finish(fig, title, caption, sources)
+    return fig, rows
+
+
+def figure_synthetic(series: dict[str, Sequence[tuple[float, float, float | None, str]]], ar: tuple[str, float] | None,
+                     title: str, caption: str, sources: Sequence[str]) -> tuple[plt.Figure, list[dict]]:
+    """{strategy: [(set rate, ms/token, measured draft acceptance rate, source)]}, AR (source, ms/token)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0))
+    rows = []
+    for strategy in sorted(series, key=ORDER.index):
+        points = sorted(series[strategy])
+        color = STRATEGY_COLORS[strategy]
+        left.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color, label=DISPLAY[strategy])
+        right.plot([p[0] for p in points], [p[2] for p in points], "o-", color=color, label=DISPLAY[strategy])
+        rows += [{"strategy": DISPLAY[strategy], "set_acceptance_rate": p[0], "ms_per_token": p[1],
+                  "measured_draft_acceptance_rate": p[2], "source": p[3]} for p in points]
+    if ar is not None:
+        left.axhline(ar[1], color=STRATEGY_COLORS["greedy"], linestyle="--", label=f"AR, exact ({ar[1]:.1f} ms)")
+        rows.append({"strategy": "AR", "set_acceptance_rate": "", "ms_per_token": ar[1],
+                     "measured_draft_acceptance_rate": "", "source": ar[0]})
+    right.plot([0, 1], [0, 1], "k:", linewidth=1, label="measured = set")
+    left.set_xlabel("set acceptance rate (probability per draft)")
+    left.set_ylabel("time per token (ms)")
+    left.set_ylim(bottom=0)
+    left.set_title(f"time per token, {SYNTHETIC_LABEL}")
+    right.set_xlabel("set acceptance rate (probability per draft)")
+    right.set_ylabel("accepted / offered drafts (fraction)")
+    right.set_xlim(0, 1)
+    right.set_ylim(0, 1.05)
+    right.set_title("target's draft acceptance rate")
+    for ax in (left, right):
+        ax.legend(loc="best")
+    _finish(fig, title, caption, sources)
+    return fig, rows
 
 
 # --------------------------------------------------------------------------- data: the authors' logs
@@ -236,21 +476,29 @@ def _final_counts(log: official.OfficialLog) -> list[int]:
     return official.accepted_counts(log, log.num_pairs - 1)
 
 
-def official_figures(logs: Sequence[official.OfficialLog], directory: Path) -> dict[str, Callable[[], plt.Figure]]:
+def official_figures(logs: Sequence[official.OfficialLog], directory: Path) -> dict[str, Callable[[], Drawn]]:
     """Figure builders from the logs (each a thunk, so a failing one does not stop the others)."""
+    directory = official.log_dir(directory)
+    source = [f"{_shown(directory)} (the authors' published HumanEval logs, 4x A100)"]
     largest = wallclock.largest_target_logs(logs)
-    target_name = largest[0].model_names[-1] if largest else ""
-    builders: dict[str, Callable[[], plt.Figure]] = {}
+    target = largest[0].model_names[-1] if largest else ""
+    builders: dict[str, Callable[[], Drawn]] = {}
 
     def fig3():
-        panels = []
-        chains = sorted({log.model_names for log in largest if log.strategy != "greedy"}, key=len)
-        for models in chains:
-            series = [(f"{DISPLAY[log.strategy]} ({_log_label(log)})", _final_counts(log),
-                       official.pooled_ms_per_token(log))
-                      for log in largest if log.model_names == models and log.strategy != "greedy"]
-            panels.append((",".join(models), series))
-        return figure_accepted_histogram(panels, f"Fig. 3 (published logs, HumanEval, {target_name} target)")
+        chains = sorted({log.model_names for log in largest if log.strategy != "greedy"},
+                        key=lambda m: (len(m), m))
+        panels = [(",".join(models), [(f"{DISPLAY[log.strategy]} (L={log.lookahead})", wallclock.STRATEGY_NAMES[
+            log.strategy], _final_counts(log)) for log in sorted(largest, key=lambda g: g.strategy != "chain")
+            if log.model_names == models and log.strategy != "greedy"]) for models in chains]
+        times = [(f"{DISPLAY[log.strategy]} {_log_label(log)}", wallclock.STRATEGY_NAMES[log.strategy],
+                  official.pooled_ms_per_token(log))
+                 for log in sorted(largest, key=lambda g: (g.strategy != "greedy", len(g.model_names), g.path.name))]
+        caption = (f"Tokens the {target} target appended per verification (accepted drafts + its own token, as "
+                   "logged), pooled over all samples; bins 1..8 (the SD window), 9-16, 17+. Right: pooled time per "
+                   "token (sum of times / sum of tokens). The logs omit PipeSpec's last verification of each sample.")
+        fig, rows = figure_accepted_histogram(panels, times, f"Fig. 3: accepted tokens per verification "
+                                              f"(published logs, HumanEval, {target} target)", caption, source)
+        return Drawn(fig, rows, source, f"logs with the {target} target", caption)
 
     def fig4():
         sweep = [log for log in logs if log not in largest and log.strategy != "greedy"]
@@ -260,30 +508,40 @@ def official_figures(logs: Sequence[official.OfficialLog], directory: Path) -> d
             series = defaultdict(list)
             for log in sweep:
                 if log.model_names == models:
-                    series[wallclock.STRATEGY_NAMES[log.strategy]].append((log.lookahead,
-                                                                           official.pooled_ms_per_token(log)))
-            greedy = next((official.pooled_ms_per_token(g) for g in logs
-                           if g.strategy == "greedy" and g.model_names[-1] == models[-1]), None)
-            panels.append((f"{','.join(models)} (lookahead sweep)", dict(series), greedy))
+                    series[wallclock.STRATEGY_NAMES[log.strategy]].append(
+                        (log.lookahead, official.pooled_ms_per_token(log), log.path.name))
+            greedy = next((g for g in logs if g.strategy == "greedy" and g.model_names[-1] == models[-1]), None)
+            ar = (greedy.path.name, official.pooled_ms_per_token(greedy)) if greedy is not None else None
+            panels.append((f"{','.join(models)}: lookahead sweep", dict(series), ar))
         if not panels:
             raise LookupError("no lookahead sweep among the logs")
-        return figure_lookahead(panels, "Fig. 4 (published logs): ms/token against lookahead")
+        caption = ("Pooled time per token against lookahead (SD: draft window; PipeSpec: minimum lead a verifier "
+                   "waits for), AR = greedy log of the same target (dashed).")
+        fig, rows = figure_lookahead(panels, "Fig. 4: time per token against lookahead (published logs)",
+                                     caption, source)
+        return Drawn(fig, rows, source, "lookahead sweep logs and the greedy log of their target", caption)
 
     def fig5():
-        import json
-
         chosen = [log for log in largest if log.strategy == "greedy"]
         deepest = max((len(log.model_names) for log in largest), default=0)
-        chosen += [log for log in largest if log.strategy != "greedy" and len(log.model_names) == deepest]
+        chosen += sorted((log for log in largest if log.strategy != "greedy" and len(log.model_names) == deepest),
+                         key=lambda g: g.strategy != "chain")
         panels = []
         for log in chosen:
-            raw = json.loads(log.path.read_text())
-            stats = raw["results"][0].get("gpustats")
-            if stats:
-                panels.append((f"{DISPLAY[log.strategy]} ({_log_label(log)}), sample 0", stats))
+            samples = official.gpu_samples(log, 0)
+            if samples:
+                data = gpu_panel_data(samples, official.active_gpus(log), log.samples[0].tokens_generated)
+                panels.append((f"{DISPLAY[log.strategy]} ({_log_label(log)}), sample 0", data,
+                               official.active_gpus(log)))
         if not panels:
             raise LookupError("the logs hold no gpustats")
-        return figure_gpu_utilisation(panels, "Fig. 5 analogue (published logs): GPU utilisation, one sample")
+        caption = ("NVML samples of one sample per log; averages over the GPUs a model was placed on "
+                   "(model_configs[].devices), idle GPUs excluded. Energy per token per active GPU = integral of "
+                   "the mean active-GPU power over the sampled span / tokens of the sample.")
+        fig, rows = figure_gpu_utilisation(panels, f"Fig. 5: utilisation per active GPU, power and energy per "
+                                           f"token (published logs, {target} target, one sample)", caption, source)
+        return Drawn(fig, rows, source, f"greedy and deepest SD / PipeSpec logs of the {target} target, sample 0",
+                     caption)
 
     def rho_alpha():
         points = []
@@ -292,41 +550,53 @@ def official_figures(logs: Sequence[official.OfficialLog], directory: Path) -> d
                 continue
             measured = fit.measure_official(log)
             alpha = measured.alphas[-1]
-            gamma = measured.accepted_per_verify[-1]
             steps = len(official.step_times(log, len(log.model_names) - 1))
             rho = len(_final_counts(log)) / steps if steps else math.nan  # only verifications are logged
             if math.isfinite(alpha):
-                points.append((alpha, min(rho, 1.0), gamma, f"async logs ({'70B' if log in largest else 'sweep'})"))
-        return figure_rho_alpha(points, "rho vs alpha: Eq. 3 and the published async logs\n"
-                                        "(alpha: lower bound; every logged target step is a verification)")
+                points.append((alpha, min(rho, 1.0), measured.accepted_per_verify[-1],
+                               f"PipeSpec logs ({target if log in largest else 'lookahead sweep'})"))
+        if not points:
+            raise LookupError("no async logs")
+        caption = ("Eq. 3 rho = a / (1 - a^(g+1) + a) per gamma (lines, colour bar), and the async logs: alpha is a "
+                   "lower bound (the logs do not record drafts offered), rho = 1 because only verifications are "
+                   "logged, gamma = mean accepted drafts per verification (a lower bound of drafts offered).")
+        fig, rows = figure_rho_alpha(points, "rho against alpha: Eq. 3 and the published async logs",
+                                     "alpha (per-draft acceptance probability, lower bound)", caption, source)
+        return Drawn(fig, rows, source, "every async-chain (PipeSpec) log", caption)
 
-    def predicted_measured():
+    def model_measured():
         rows = wallclock.official_predictions(directory)
         points = [(1000 / r.measured_ms, 1000 / r.ours_ms, None if r.paper_ms is None else 1000 / r.paper_ms,
-                   f"{DISPLAY[r.strategy]} {','.join(r.models)}") for r in rows]
-        return figure_predicted_measured(points, f"Published {target_name} logs: predicted vs measured")
+                   f"{DISPLAY[r.strategy]} {','.join(r.models)}", r.file) for r in rows]
+        caption = ("Ours: the simulator (analysis.wallclock) with each log's own mean step times and acceptance "
+                   f"({IN_SAMPLE}: fitted on the log it reports, not a held-out prediction). Paper: Eq. 4 / 5 over "
+                   "the greedy log's step time.")
+        fig, data = figure_model_measured(points, f"Published {target} logs: models ({IN_SAMPLE}) against measured "
+                                          "throughput", caption, source)
+        return Drawn(fig, data, source, f"logs with the {target} target", caption)
 
     def speedup_depth():
         greedy = next((log for log in largest if log.strategy == "greedy"), None)
         if greedy is None:
-            raise LookupError(f"no greedy log of {target_name}")
+            raise LookupError(f"no greedy log of {target}")
         base = official.pooled_ms_per_token(greedy)
-        series = defaultdict(list)
-        for log in largest:
-            if log.strategy != "greedy":
-                series[wallclock.STRATEGY_NAMES[log.strategy]].append(
-                    (len(log.model_names), base / official.pooled_ms_per_token(log), _log_label(log)))
-        return figure_speedup_depth(dict(series), f"Speedup vs depth (published logs, {target_name} target)")
+        points = [(wallclock.STRATEGY_NAMES[log.strategy], _log_label(log), len(log.model_names),
+                   base / official.pooled_ms_per_token(log), log.path.name)
+                  for log in largest if log.strategy != "greedy"]
+        caption = f"Pooled speedup over the greedy {target} log ({greedy.path.name}) against the number of models."
+        fig, rows = figure_speedup_depth(points, f"Speedup against depth (published logs, {target} target)",
+                                         caption, source)
+        return Drawn(fig, rows, source, f"logs with the {target} target", caption)
 
-    builders.update(fig3_accepted_histogram=fig3, fig4_lookahead=fig4, fig5_timeline=fig5, rho_alpha=rho_alpha,
-                    predicted_measured=predicted_measured, speedup_depth=speedup_depth)
+    builders.update(fig3_accepted_histogram=fig3, fig4_lookahead=fig4, fig5_gpu_utilisation=fig5,
+                    rho_alpha=rho_alpha, model_measured=model_measured, speedup_depth=speedup_depth)
     return builders
 
 
 # --------------------------------------------------------------------------- data: our runs
 
 
-def _target_verify_counts(run) -> list[int]:
+def _target_verify_counts(run: Run) -> list[int]:
     counts = []
     for _, traces in run.iter_traces():
         steps = traces[-1].steps
@@ -334,71 +604,117 @@ def _target_verify_counts(run) -> list[int]:
     return counts
 
 
-def _best(runs, strategy):
+def _best(runs: Sequence[Run], strategy: str) -> Run | None:
     chosen = [r for r in runs if r.strategy == strategy]
-    return max(chosen, key=lambda r: r.tokens_per_s) if chosen else None
+    return max(chosen, key=lambda r: (r.tokens_per_s, -r.lookahead)) if chosen else None
 
 
-def _greedy_for(run, runs):
-    return next((g for g in runs if g.strategy == "greedy" and g.dataset == run.dataset
-                 and g.stage_names[-1:] == run.stage_names[-1:]), None)
-
-
-def ours_figures(runs: Sequence, evaluations: Sequence[wallclock.RunEvaluation] | None = None
-                 ) -> dict[str, Callable[[], plt.Figure]]:
-    """Figure builders from our run directories (``evaluations``: precomputed ``wallclock.evaluate_runs``)."""
-    groups: dict[tuple, list] = defaultdict(list)
+def _run_sources(runs: Sequence[Run]) -> list[str]:
+    folders: dict[str, int] = defaultdict(int)
     for run in runs:
-        groups[(run.hierarchy, run.dataset)].append(run)
+        folders[_shown(run.path.parent)] += 1
+    return [f"{folder} ({count} runs)" for folder, count in sorted(folders.items())]
+
+
+def exact_run_sets(runs: Sequence[Run]) -> dict[tuple, list[Run]]:
+    """Lossless greedy-decoded runs by ``run_set_key``, only the sets holding a speculative run."""
+    sets: dict[tuple, list[Run]] = defaultdict(list)
+    for run in select_runs(runs, lossless=True, sampled=False):
+        sets[run_set_key(run)].append(run)
+    return {key: members for key, members in sorted(sets.items(), key=lambda kv: str(kv[0]))
+            if any(r.strategy != "greedy" for r in members)}
+
+
+def ours_figures(runs: Sequence[Run], evaluations: Sequence[wallclock.RunEvaluation] | None = None
+                 ) -> dict[str, Callable[[], Drawn]]:
+    """Figure builders from our exact (lossless), greedy-decoded runs: one set per dataset and budget
+    (names get the set's label when there are several). ``evaluations``: precomputed
+    ``wallclock.evaluate_runs`` of (some of) the runs."""
+    sets = exact_run_sets(runs)
+    builders: dict[str, Callable[[], Drawn]] = {}
+    for key, members in sets.items():
+        suffix = "" if len(sets) == 1 else "_" + "_".join(
+            [key[0], f"{key[1][0]}x{key[1][1]}"]).replace("/", "-")
+        for name, build in _ours_set_figures(members, key, evaluations).items():
+            builders[name + suffix] = build
+    return builders
+
+
+def _ours_set_figures(members: list[Run], key: tuple, evaluations) -> dict[str, Callable[[], Drawn]]:
+    selection = f"exact (lossless) runs: {describe_run_set(key)}"
+    sources = _run_sources(members)
+    hierarchies: dict[str, list[Run]] = defaultdict(list)
+    for run in members:
+        hierarchies[run.hierarchy].append(run)
+    hierarchies = dict(sorted(hierarchies.items(), key=lambda kv: (max(r.depth for r in kv[1]), kv[0])))
+    known = {id(e.run): e for e in (evaluations or [])}
     cache: dict[str, list] = {}
 
-    def evaluated():
+    def evaluated() -> list[wallclock.RunEvaluation]:
         if "evaluations" not in cache:
-            cache["evaluations"] = list(evaluations) if evaluations is not None else wallclock.evaluate_runs(runs)
+            missing = [r for r in members if id(r) not in known]
+            fresh = {id(e.run): e for e in (wallclock.evaluate_runs(missing) if missing else [])}
+            cache["evaluations"] = [known.get(id(r)) or fresh[id(r)] for r in members]
         return cache["evaluations"]
 
     def fig3():
-        panels = []
-        for (hierarchy, dataset), members in groups.items():
+        panels, times = [], []
+        for hierarchy, runs in hierarchies.items():
             series = []
             for strategy in ("sd", "pipespec"):
-                run = _best(members, strategy)
+                run = _best(runs, strategy)
                 if run is not None:
-                    series.append((f"{DISPLAY[strategy]} L={run.lookahead}", _target_verify_counts(run),
-                                   run.ms_per_token))
+                    series.append((f"{DISPLAY[strategy]} L={run.lookahead}", strategy, _target_verify_counts(run)))
+                    times.append((f"{DISPLAY[strategy]} L={run.lookahead} {hierarchy}", strategy, run.ms_per_token))
             if series:
-                panels.append((f"{hierarchy} ({dataset})", series))
+                ar = greedy_reference(runs[0], members)
+                if ar is not None:
+                    times.insert(len(times) - len(series), (f"AR {hierarchy}", "greedy", ar.ms_per_token))
+                panels.append((hierarchy, series))
         if not panels:
             raise LookupError("no sd or pipespec runs")
-        return figure_accepted_histogram(panels, "Fig. 3 (our runs): tokens per final-model verification")
+        caption = ("Tokens the target appended per verification (accepted drafts + its own token) of the fastest SD "
+                   "and PipeSpec run per hierarchy, all samples; the same bins as the figure of the published logs. Right: time per "
+                   "token of those runs and of their AR run.")
+        fig, rows = figure_accepted_histogram(panels, times, "Fig. 3: accepted tokens per verification (our runs)",
+                                              f"{caption} {selection}.", sources)
+        return Drawn(fig, rows, sources, selection, caption)
 
     def fig4():
         panels = []
-        for (hierarchy, dataset), members in groups.items():
+        for hierarchy, runs in hierarchies.items():
             series = defaultdict(list)
-            for run in members:
+            for run in runs:
                 if run.strategy in ("sd", "pipespec"):
-                    series[run.strategy].append((run.lookahead, run.ms_per_token))
+                    series[run.strategy].append((run.lookahead, run.ms_per_token, _shown(run.path)))
             if any(len(v) >= 2 for v in series.values()):
-                greedy = _best(members, "greedy")
-                panels.append((f"{hierarchy} ({dataset})", dict(series),
-                               greedy.ms_per_token if greedy is not None else None))
+                ar = greedy_reference(next(r for r in runs if r.strategy != "greedy"), members)
+                panels.append((hierarchy, dict(series),
+                               (_shown(ar.path), ar.ms_per_token) if ar is not None else None))
         if not panels:
             raise LookupError("no strategy was run at two or more lookaheads")
-        return figure_lookahead(panels, "Fig. 4 (our runs): ms/token against lookahead")
+        caption = ("Time per token against lookahead per hierarchy (SD: draft window; PipeSpec: minimum lead), AR "
+                   "dashed: the greedy run of the same target, dataset and budget.")
+        fig, rows = figure_lookahead(panels, "Fig. 4: time per token against lookahead (our runs)",
+                                     f"{caption} {selection}.", sources)
+        return Drawn(fig, rows, sources, selection, caption)
 
     def fig5():
-        deepest = max(runs, key=lambda r: (r.strategy == "pipespec", r.depth))
-        members = groups[(deepest.hierarchy, deepest.dataset)]
+        deepest = max(members, key=lambda r: (r.strategy == "pipespec", r.depth, r.hierarchy))
+        runs = hierarchies[deepest.hierarchy]
         panels = []
         for strategy in ("greedy", "sd", "pipespec"):
-            run = _best(members, strategy)
+            run = _best(runs, strategy) if strategy != "greedy" else greedy_reference(deepest, members)
             if run is not None and run.samples:
                 panels.append((f"{DISPLAY[strategy]}: {run.label}, sample {run.samples[0].get('sample_id', 0)}",
                                run.traces(0)))
         if not panels:
             raise LookupError("no traces")
-        return figure_timeline(panels, f"Fig. 5 analogue (our runs): per-stage busy timeline, {deepest.hierarchy}")
+        caption = (f"Per-stage busy timeline of the first sample (one bar per step), fastest run per strategy of "
+                   f"{deepest.hierarchy}; {NO_ENERGY}.")
+        fig, rows = figure_timeline(panels, f"Fig. 5 analogue: stage activity over one sample (our runs, "
+                                    f"{deepest.hierarchy})", f"{caption} {selection}.", sources)
+        return Drawn(fig, rows, sources, selection, caption, {"energy": NO_ENERGY})
 
     def rho_alpha():
         points = []
@@ -408,97 +724,183 @@ def ours_figures(runs: Sequence, evaluations: Sequence[wallclock.RunEvaluation] 
             for pair in evaluation.measurement.pairs:
                 if pair.alpha is not None and pair.verify_steps:
                     points.append((pair.alpha.alpha, pair.rho, pair.gamma,
-                                   f"{DISPLAY[evaluation.run.strategy]} {pair.verifier}"))
+                                   f"{DISPLAY[evaluation.run.strategy]}, verifier {pair.verifier}"))
         if not points:
             raise LookupError("no verifications")
-        return figure_rho_alpha(points, "rho vs alpha: Eq. 3 (lines) and our runs (points, colour = measured gamma)")
+        caption = ("Eq. 3 per gamma (lines, colour bar) and every verifying pair of our runs: alpha = censored MLE "
+                   "from offered / accepted drafts, rho = measured share of the verifier's steps that verified, "
+                   "gamma = measured mean drafts offered per verification (colour).")
+        fig, rows = figure_rho_alpha(points, "rho against alpha: Eq. 3 and our runs",
+                                     "alpha (per-draft acceptance probability, MLE)", f"{caption} {selection}.",
+                                     sources)
+        return Drawn(fig, rows, sources, selection, caption)
 
-    def predicted_measured():
-        points = [(e.measured_tokens_per_s, e.ours.tokens_per_s, e.paper_tokens_per_s, e.run.label)
-                  for e in evaluated()]
-        return figure_predicted_measured(points, "Our runs: predicted vs measured tokens/s")
+    def model_measured():
+        points = [(e.measured_tokens_per_s, e.ours.tokens_per_s, e.paper_tokens_per_s, e.run.label,
+                   _shown(e.run.path)) for e in evaluated()]
+        caption = (f"Ours: analysis.wallclock, an {IN_SAMPLE} (step costs, contention and acceptance fitted on the "
+                   "very run it reports: not a held-out prediction; none exists yet). Paper: Eq. 4 / 5 over one "
+                   "target step of the same run.")
+        fig, rows = figure_model_measured(points, f"Our runs: models ({IN_SAMPLE}) against measured throughput",
+                                          f"{caption} {selection}.", sources)
+        return Drawn(fig, rows, sources, selection, caption)
 
     def speedup_depth():
-        series = defaultdict(list)
-        for run in runs:
+        points = []
+        for run in members:
             if run.strategy == "greedy":
                 continue
-            greedy = _greedy_for(run, runs)
-            speedup = run.summary.get("speedup_vs_greedy")
-            if speedup is None and greedy is not None:
-                speedup = run.tokens_per_s / greedy.tokens_per_s
-            if speedup is not None:
-                series[run.strategy].append((run.depth, float(speedup), f"{run.hierarchy} L={run.lookahead}"))
-        if not series:
+            ar = greedy_reference(run, members)
+            if ar is not None:
+                points.append((run.strategy, run.hierarchy, run.depth, run.tokens_per_s / ar.tokens_per_s,
+                               _shown(run.path)))
+        if not points:
             raise LookupError("no greedy reference for the speculative runs")
-        return figure_speedup_depth(dict(series), "Speedup vs depth (our runs)")
+        caption = ("Speedup (tokens/s over the AR run of the same target, dataset and budget) of every run against "
+                   "the number of stages; lines through the best run per depth.")
+        fig, rows = figure_speedup_depth(points, "Speedup against depth (our runs)", f"{caption} {selection}.",
+                                         sources)
+        return Drawn(fig, rows, sources, selection, caption)
 
     return dict(fig3_accepted_histogram=fig3, fig4_lookahead=fig4, fig5_timeline=fig5, rho_alpha=rho_alpha,
-                predicted_measured=predicted_measured, speedup_depth=speedup_depth)
+                model_measured=model_measured, speedup_depth=speedup_depth)
+
+
+def synthetic_figures(runs: Sequence[Run]) -> dict[str, Callable[[], Drawn]]:
+    """The figure made for synthetic-acceptance runs (one per hierarchy and run set, greedy decoding)."""
+    synthetic = select_runs(runs, lossless=False, sampled=False)
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for run in synthetic:
+        groups[(run.hierarchy, run_set_key(run))].append(run)
+    builders: dict[str, Callable[[], Drawn]] = {}
+    for index, ((hierarchy, key), members) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
+        def build(hierarchy=hierarchy, key=key, members=members) -> Drawn:
+            series = defaultdict(list)
+            for run in members:
+                target = StageStats.from_dict(run.summary["stages"][-1]) if run.summary.get("stages") else None
+                series[run.strategy].append((run.synthetic_rate, run.ms_per_token,
+                                             target.draft_acceptance_rate if target else None, _shown(run.path)))
+            ar = greedy_reference(members[0], runs)
+            selection = f"{SYNTHETIC_LABEL}: {hierarchy}, {describe_run_set(key)}"
+            sources = _run_sources(members + ([ar] if ar is not None else []))
+            lookaheads = ", ".join(f"{DISPLAY[s]} L=" + "/".join(str(v) for v in sorted(
+                {r.lookahead for r in members if r.strategy == s})) for s in sorted(series, key=ORDER.index))
+            caption = (f"Drafts accepted with a set probability, whatever they are ({SYNTHETIC_LABEL}: outputs differ "
+                       f"from greedy decoding); {lookaheads}. AR: the exact greedy run of the same target, dataset "
+                       "and budget. Right: accepted / offered counts drafts offered after a rejection too, so it "
+                       "sits below the set per-draft probability.")
+            fig, rows = figure_synthetic(dict(series), (_shown(ar.path), ar.ms_per_token) if ar is not None else None,
+                                         f"Time per token against a set acceptance rate: {SYNTHETIC_LABEL}, {hierarchy}",
+                                         f"{caption} {selection}.", sources)
+            return Drawn(fig, rows, sources, selection, caption)
+
+        builders["synthetic_acceptance" + ("" if len(groups) == 1 else f"_{index}")] = build
+    return builders
 
 
 # --------------------------------------------------------------------------- output
 
 
-def save_figure(fig: plt.Figure, out: Path, name: str) -> list[Path]:
+def save_figure(drawn: Drawn, out: Path, name: str) -> list[Path]:
+    """PNG, PDF (no timestamps in their metadata) and the plotted data as CSV."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for suffix in ("png", "pdf"):
-        path = out / f"{name}.{suffix}"
-        fig.savefig(path, dpi=130)
-        paths.append(path)
-    plt.close(fig)
+    paths = [out / f"{name}.{suffix}" for suffix in SUFFIXES]
+    drawn.fig.savefig(paths[0], metadata=PNG_METADATA)
+    drawn.fig.savefig(paths[1], metadata=PDF_METADATA)
+    plt.close(drawn.fig)
+    paths[2].write_text(rows_csv(drawn.rows))
     return paths
+
+
+def rows_csv(rows: Sequence[dict]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({c: _fmt(row.get(c)) for c in columns} for row in rows)
+    return buffer.getvalue()
 
 
 def png_bytes(fig: plt.Figure) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    fig.savefig(buffer, format="png", dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return buffer.getvalue()
 
 
-def render(builders: dict[str, Callable[[], plt.Figure]], source: str, out: Path, notes: list[str]) -> list[Path]:
+def render(builders: dict[str, Callable[[], Drawn]], source: str, out: Path, notes: list[str],
+           manifest: list[dict]) -> list[Path]:
     """Build and save each figure; a figure whose data is missing becomes a note."""
     written = []
     for name, build in builders.items():
+        full = f"{name}_{source}"
         try:
-            fig = build()
-        except (LookupError, ValueError, ResultsError) as reason:
-            notes.append(f"skipped {name}_{source}: {reason}")
+            with plt.rc_context(STYLE):
+                drawn = build()
+        except (LookupError, ValueError, ResultsError, official.OfficialLogError) as reason:
+            notes.append(f"skipped {full}: {reason}")
             continue
-        written += save_figure(fig, out, f"{name}_{source}")
+        written += save_figure(drawn, out, full)
+        manifest.append({"figure": full, "files": " ".join(f"{full}.{s}" for s in SUFFIXES),
+                         "data": "; ".join(drawn.sources), "selection": drawn.selection, "caption": drawn.caption})
     return written
 
 
+def _prune(out: Path, manifest: list[dict]) -> list[Path]:
+    """Remove the files of figures an earlier manifest in ``out`` listed and this call did not make."""
+    previous = out / MANIFEST
+    if not previous.is_file():
+        return []
+    made = {name for row in manifest for name in row["files"].split()}
+    removed = []
+    for row in csv.DictReader(io.StringIO(previous.read_text())):
+        for name in (row.get("files") or "").split():
+            path = out / name
+            if name not in made and path.is_file() and path.parent == out:
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
 def make_figures(official_dir: Path | None, results_dir: Path | None, out: Path) -> tuple[list[Path], list[str]]:
-    """Every figure from both sources; returns (files written, notes on what was skipped)."""
+    """Every figure from both sources, and ``out/figures.csv``; returns (files written, notes)."""
     written: list[Path] = []
     notes: list[str] = []
+    manifest: list[dict] = []
+    out = Path(out)
     if official_dir is not None:
-        if Path(official_dir).is_dir():
-            try:
-                logs = official.load_dir(official_dir)
-            except official.OfficialLogError as error:
-                notes.append(f"skipped the published logs: {error}")
-            else:
-                written += render(official_figures(logs, Path(official_dir)), "official", out, notes)
+        try:
+            logs = official.load_dir(official_dir)
+        except official.OfficialLogError as error:
+            notes.append(f"skipped the published logs: {error}")
         else:
-            notes.append(f"skipped the published logs: {official_dir} is absent")
+            written += render(official_figures(logs, Path(official_dir)), "official", out, notes, manifest)
     if results_dir is not None:
         try:
             runs = find_runs([results_dir])
         except ResultsError as error:
             notes.append(f"skipped our results: {error}")
         else:
-            written += render(ours_figures(runs), "ours", out, notes)
+            written += render(ours_figures(runs), "ours", out, notes, manifest)
+            written += render(synthetic_figures(runs), "ours", out, notes, manifest)
+            sampled = select_runs(runs, sampled=True)
+            if sampled:
+                notes.append(f"{len(sampled)} sampled runs: no figure draws sampled runs yet "
+                             "(never against greedy references)")
+    if manifest:
+        for path in _prune(out, manifest):
+            notes.append(f"removed {path} (no longer made)")
+        (out / MANIFEST).write_text(rows_csv(manifest) if manifest else "")
+        written.append(out / MANIFEST)
     return written, notes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     parser.add_argument("--official", type=Path, default=DEFAULT_OFFICIAL,
-                        help=f"folder of the authors' logs (default {DEFAULT_OFFICIAL})")
+                        help=f"the authors' results folder or its humaneval/ subfolder (default {DEFAULT_OFFICIAL})")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
                         help=f"run directories, or a folder holding them (default {DEFAULT_RESULTS})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")

@@ -47,12 +47,13 @@ import numpy as np
 from analysis import import_official as official
 from analysis import paper_model as pm
 from analysis.simulate import StageCost
+from pipespec.stats import StageStats
 from pipespec.trace import StageTrace
 
 __all__ = [
     "AlphaFit",
     "CostFit",
-    "StageStats",
+    "StageFit",
     "PairStats",
     "Measurement",
     "Comparison",
@@ -248,27 +249,41 @@ def fit_step_cost(fed: Sequence[float], seconds: Sequence[float], others: Sequen
 
 
 @dataclass
-class StageStats:
-    """What one stage did, pooled over samples."""
+class StageFit:
+    """What one stage did, pooled over samples (`counts`), and the costs fitted to its steps."""
 
     name: str
     kind: str  # "model" or "lookup" (prompt lookup: never feeds the model, fed = 0)
-    steps: int
-    busy_s: float
-    wall_s: float
+    counts: StageStats  # pipespec.stats: the one pooled statistics type
     cost: CostFit | None  # decode steps; None for lookup stages or stages without decode steps
     prefill_s_per_token: float | None  # first model step of each sample: seconds / tokens fed
     prefill_s: float  # mean duration of that first step
     step_overhead_s: float  # median gap between own consecutive steps that no other stage's step ended in
-    produced: int
     proposals: int  # lookup stages: proposals made (each a 'draft' row)
     single_steps: int = 0  # one-token steps (kind single, or a greedy step) after the prefill
     single_step_s: float = math.nan  # their mean duration
     supply: float | None = None  # lookup stages: proposals per step of the next stage (each step commits to it)
 
     @property
+    def steps(self) -> int:
+        return self.counts.steps
+
+    @property
+    def busy_s(self) -> float:
+        return self.counts.busy_s
+
+    @property
+    def wall_s(self) -> float:
+        return self.counts.wall_s
+
+    @property
+    def produced(self) -> int:
+        return self.counts.produced
+
+    @property
     def busy_fraction(self) -> float:
-        return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
+        value = self.counts.busy_fraction
+        return math.nan if value is None else value
 
     @property
     def mean_proposal(self) -> float:
@@ -298,7 +313,7 @@ class PairStats:
 class Measurement:
     """Everything measured from one set of traces (one run), stage order smallest first."""
 
-    stages: list[StageStats]
+    stages: list[StageFit]
     pairs: list[PairStats]
     tokens: int  # output tokens, summed over samples
     time_s: float  # generation time, summed over samples
@@ -315,7 +330,7 @@ class Measurement:
         return self.tokens / self.time_s if self.time_s > 0 else math.nan
 
     @property
-    def target(self) -> StageStats:
+    def target(self) -> StageFit:
         return self.stages[-1]
 
     @property
@@ -408,22 +423,21 @@ def measure_traces(samples: Iterable[tuple[dict | None, Sequence[StageTrace]]]) 
         traces = list(traces)
         if per_stage is None:
             per_stage = [
-                {"fed": [], "sec": [], "others": [], "single": [], "prefill_fed": [], "prefill_sec": [], "gaps": [], "steps": 0, "busy": 0.0,
-                 "wall": 0.0, "produced": 0, "proposals": 0, "lookup": True, "kinds": [], "offered": [],
-                 "accepted": [], "fresh": []}
+                {"fed": [], "sec": [], "others": [], "single": [], "prefill_fed": [], "prefill_sec": [], "gaps": [],
+                 "counts": StageStats(), "proposals": 0, "lookup": True, "kinds": [], "offered": [], "accepted": [],
+                 "fresh": []}
                 for _ in traces
             ]
             names = [t.name for t in traces]
         if len(traces) != len(per_stage):
             raise ValueError(f"a sample has {len(traces)} stage traces, an earlier one {len(per_stage)}")
+        target = traces[-1]
+        sample_new = int(row["new_tokens"]) if row and "new_tokens" in row else sum(target.steps["produced"])
         for i, trace in enumerate(traces):
             acc = per_stage[i]
             steps = trace.steps
             durations = _durations(trace)
-            acc["steps"] += len(durations)
-            acc["busy"] += sum(durations)
-            acc["wall"] += max(trace.end_time - trace.start_time, 0.0)
-            acc["produced"] += sum(steps["produced"])
+            acc["counts"] += StageStats.from_trace(trace, sample_new)
             acc["lookup"] = acc["lookup"] and (_is_lookup(trace) or not steps["kind"])
             acc["kinds"].extend(steps["kind"])
             acc["offered"].extend(steps["offered"])
@@ -445,8 +459,6 @@ def measure_traces(samples: Iterable[tuple[dict | None, Sequence[StageTrace]]]) 
                         acc["single"].append(durations[r])
             acc["gaps"].extend(_free_gaps(i, traces))
         handoffs.extend(_handoffs(traces))
-        target = traces[-1]
-        sample_new = int(row["new_tokens"]) if row and "new_tokens" in row else sum(target.steps["produced"])
         sample_time = float(row["time_s"]) if row and "time_s" in row else target.end_time - target.start_time
         sample_prompt = int(row.get("prompt_tokens") or 0) if row else 0
         dispatch.append(max(sample_time - (target.end_time - target.start_time), 0.0))
@@ -464,21 +476,18 @@ def measure_traces(samples: Iterable[tuple[dict | None, Sequence[StageTrace]]]) 
     pooled_overhead = float(median(pooled_gaps)) if pooled_gaps else 0.0
     stages = []
     for name, acc in zip(names, per_stage):
-        kind = "lookup" if acc["lookup"] and acc["steps"] else "model"
+        kind = "lookup" if acc["lookup"] and acc["counts"].steps else "model"
         cost = fit_step_cost(acc["fed"], acc["sec"], acc["others"]) if acc["fed"] and kind == "model" else None
         prefill_tokens = sum(acc["prefill_fed"])
         stages.append(
-            StageStats(
+            StageFit(
                 name=name,
                 kind=kind,
-                steps=acc["steps"],
-                busy_s=acc["busy"],
-                wall_s=acc["wall"],
+                counts=acc["counts"],
                 cost=cost,
                 prefill_s_per_token=sum(acc["prefill_sec"]) / prefill_tokens if prefill_tokens else None,
                 prefill_s=float(np.mean(acc["prefill_sec"])) if acc["prefill_sec"] else 0.0,
                 step_overhead_s=float(median(acc["gaps"])) if len(acc["gaps"]) >= MIN_GAPS else pooled_overhead,
-                produced=acc["produced"],
                 proposals=acc["proposals"],
                 single_steps=len(acc["single"]),
                 single_step_s=float(np.mean(acc["single"])) if acc["single"] else math.nan,
@@ -515,23 +524,27 @@ def _starts_run(steps: dict) -> list[bool]:
 
 
 def _pair_stats(drafter: str, verifier: str, acc: dict) -> PairStats:
+    counts: StageStats = acc["counts"]
     rows = [r for r, k in enumerate(acc["kinds"]) if k == "verify"]
-    singles = sum(1 for k in acc["kinds"] if k == "single")
     accepted = [acc["accepted"][r] for r in rows]
     offered = [acc["offered"][r] for r in rows]
-    steps = len(rows) + singles
+    steps = counts.verify_steps + counts.single_steps
     fresh = [acc["fresh"][r] for r in rows]
     first, later = fit_two_rates(accepted, offered, fresh) if sum(offered) > 0 else (math.nan, math.nan)
+
+    def nan_if_none(value):
+        return math.nan if value is None else value
+
     return PairStats(
         drafter=drafter,
         verifier=verifier,
         alpha=fit_alpha(accepted, offered) if sum(offered) > 0 else None,
-        rho=len(rows) / steps if steps else math.nan,
-        gamma=float(np.mean(offered)) if rows else math.nan,
-        accepted_per_verify=float(np.mean(accepted)) if rows else math.nan,
-        tokens_per_step=acc["produced"] / acc["steps"] if acc["steps"] else math.nan,
-        verify_steps=len(rows),
-        single_steps=singles,
+        rho=nan_if_none(counts.verify_fraction) if steps else math.nan,
+        gamma=nan_if_none(counts.mean_offered_per_verify),
+        accepted_per_verify=nan_if_none(counts.mean_acceptance_length) - 1 if rows else math.nan,
+        tokens_per_step=counts.produced / counts.steps if counts.steps else math.nan,
+        verify_steps=counts.verify_steps,
+        single_steps=counts.single_steps,
         accepted_counts=accepted,
         offered_counts=offered,
         alpha_first=first,
@@ -696,7 +709,7 @@ def paper_comparison(measurement: Measurement, strategy: str, t_target_1: float 
 PAPER_EQUATION = {"greedy": "1/t_K(1)", "sd": "Eq. 5", "pipespec": "Eq. 4"}
 
 
-def stage_t1(stage: StageStats) -> float | None:
+def stage_t1(stage: StageFit) -> float | None:
     """t(1) of a stage: its fitted decode cost at n = 1; lookup stages cost ~0; None when unknown."""
     if stage.kind == "lookup":
         return LOOKUP_COST_S

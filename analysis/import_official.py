@@ -245,17 +245,35 @@ def load_log(path: str | Path) -> OfficialLog:
     )
 
 
-def load_dir(directory: str | Path) -> list[OfficialLog]:
-    """Parse every ``*.json`` file of ``directory`` (sorted by name); other files are ignored."""
+def _log_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix == ".json" and p.is_file())
+
+
+def log_dir(directory: str | Path) -> Path:
+    """The folder holding the logs: ``directory`` itself, or its one subfolder of logs.
+
+    So both the published results folder and its ``humaneval/`` subfolder are accepted.
+    """
     directory = Path(directory)
     if not directory.exists():
         raise OfficialLogError(f"{directory}: no such folder")
     if not directory.is_dir():
         raise OfficialLogError(f"{directory}: not a folder")
-    files = sorted(p for p in directory.iterdir() if p.suffix == ".json" and p.is_file())
-    if not files:
-        raise OfficialLogError(f"{directory}: no log files (*.json)")
-    return [load_log(p) for p in files]
+    if _log_files(directory):
+        return directory
+    holding = sorted(p for p in directory.iterdir() if p.is_dir() and _log_files(p))
+    if len(holding) == 1:
+        return holding[0]
+    if holding:
+        names = ", ".join(p.name for p in holding)
+        raise OfficialLogError(f"{directory}: no log files (*.json) here, and several subfolders hold some "
+                               f"({names}): name one")
+    raise OfficialLogError(f"{directory}: no log files (*.json), here or in a subfolder")
+
+
+def load_dir(directory: str | Path) -> list[OfficialLog]:
+    """Parse every ``*.json`` file of ``log_dir(directory)`` (sorted by name); other files are ignored."""
+    return [load_log(p) for p in _log_files(log_dir(directory))]
 
 
 # --------------------------------------------------------------------------- per-log extraction
@@ -282,6 +300,26 @@ def step_times(log: OfficialLog, stage: int) -> list[float]:
     if not 0 <= stage < n_stages:
         raise IndexError(f"stage must be in [0, {n_stages}), got {stage}")
     return [t for s in log.samples for t in s.model_times[stage]]
+
+
+def active_gpus(log: OfficialLog) -> dict[int, str]:
+    """GPU index -> short name of the model on it, from the log's ``model_configs[].devices``
+    (GPUs no model was placed on are idle: they must not dilute per-GPU averages)."""
+    try:
+        configs = json.loads(log.path.read_text())["metadata"]["model_configs"]
+        return {int(str(device).rsplit(":", 1)[-1]): short_model_name(str(config["path"]))
+                for config in configs for device in config.get("devices", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise _bad(log.path, f"no readable model_configs[].devices ({type(error).__name__})") from None
+
+
+def gpu_samples(log: OfficialLog, position: int = 0) -> list[dict]:
+    """The NVML samples ``{timestamp, gpu_utilizations, gpu_powers, ...}`` of the sample at ``position``
+    (empty where the log has none)."""
+    try:
+        return list(json.loads(log.path.read_text())["results"][position].get("gpustats") or [])
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
+        raise _bad(log.path, f"no readable gpustats for sample {position} ({type(error).__name__})") from None
 
 
 def sync_window(log: OfficialLog, pair: int = 0) -> int | None:
@@ -437,7 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m analysis.import_official",
         description="Summarise the PipeSpec authors' benchmark logs (one row per *.json file).",
     )
-    parser.add_argument("directory", type=Path, help="folder of log files (*.json)")
+    parser.add_argument("directory", type=Path,
+                        help="folder of log files (*.json), or a folder with one such subfolder (e.g. humaneval/)")
     parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     args = parser.parse_args(argv)
     try:

@@ -3,9 +3,11 @@
     python -m analysis.report RUN_DIRS... [--out DIR] [--official DIR]
 
 For every run (a run directory, or a directory holding runs) it sets side by
-side: the measured tokens/s, our wall-clock model's prediction
-(``analysis.wallclock``) and the paper's (Eq. 4 / 5 over one target step), with
-their errors; then per run the fitted per-stage costs and per-pair estimates
+side: the measured tokens/s, our wall-clock model (``analysis.wallclock``: an
+in-sample decomposition, since its costs are fitted on the very run it reports; no
+held-out predictor exists yet) and the paper's model (Eq. 4 / 5 over one target
+step), with their errors; each figure and number is marked as a measurement, an
+in-sample fit or a held-out prediction; then per run the fitted per-stage costs and per-pair estimates
 (alpha, rho, gamma, tokens per step) against the paper's Eq. 1 / 3 / 4. With
 ``--official`` it adds both models on the authors' published logs of the largest
 target. ``DIR/report.md`` links the figures in ``DIR/figures/``;
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime as _dt
 import html
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+import matplotlib
 
 from analysis import figures, wallclock
 from analysis import import_official as official
@@ -76,9 +79,10 @@ def summary_table(evaluations: Sequence[wallclock.RunEvaluation]) -> Table:
             str(e.measurement.samples), str(e.measurement.tokens),
             _num(e.measured_tokens_per_s), _num(e.ours.tokens_per_s), _pct(e.ours_error),
             _num(e.paper_tokens_per_s), _pct(e.paper_error), e.paper_t1_source,
+            "exact" if run.lossless else f"{figures.SYNTHETIC_LABEL}, rate {run.synthetic_rate}",
         ])
-    return Table(["run", "stages", "dataset", "samples", "tokens", "measured tok/s", "ours tok/s", "ours error",
-                  "paper tok/s", "paper error", "paper t_K(1) from"], rows)
+    return Table(["run", "stages", "dataset", "samples", "tokens", "measured tok/s", "ours tok/s (in-sample)",
+                  "ours error", "paper tok/s (in-sample)", "paper error", "paper t_K(1) from", "acceptance"], rows)
 
 
 def stage_table(evaluation: wallclock.RunEvaluation) -> Table:
@@ -95,7 +99,7 @@ def stage_table(evaluation: wallclock.RunEvaluation) -> Table:
             _num(stage.busy_fraction), _num(busy),
         ])
     return Table(["stage", "kind", "steps", "a ms", "b ms/token", "contention", "fed range", "overhead ms",
-                  "prefill ms/token", "busy measured", "busy predicted"], rows)
+                  "prefill ms/token", "busy measured", "busy (in-sample model)"], rows)
 
 
 def pair_table(evaluation: wallclock.RunEvaluation) -> Table:
@@ -122,15 +126,16 @@ def comparison_table(evaluation: wallclock.RunEvaluation) -> Table:
                      _num(evaluation.measurement.target_tokens_per_step, ".3f"),
                      _num(ours.tokens_per_target_step - evaluation.measurement.target_tokens_per_step, "+.3f"),
                      _pct(ours.tokens_per_target_step / evaluation.measurement.target_tokens_per_step - 1)])
-    rows.append(["tokens/s (ours)", "run", _num(ours.tokens_per_s, ".3f"),
+    rows.append(["tokens/s (ours, in-sample)", "run", _num(ours.tokens_per_s, ".3f"),
                  _num(evaluation.measured_tokens_per_s, ".3f"),
                  _num(ours.tokens_per_s - evaluation.measured_tokens_per_s, "+.3f"), _pct(evaluation.ours_error)])
-    return Table(["quantity", "scope", "predicted", "measured", "residual", "relative"], rows)
+    return Table(["quantity", "scope", "model (in-sample)", "measured", "residual", "relative"], rows)
 
 
 def official_table(rows: Sequence[wallclock.OfficialPrediction]) -> Table:
     return Table(
-        ["log", "strategy", "models", "measured ms/token", "ours ms/token", "ours error", "paper ms/token",
+        ["log", "strategy", "models", "measured ms/token", "ours ms/token (in-sample)", "ours error",
+         "paper ms/token (in-sample)",
          "paper error", "alpha used", "lookahead"],
         [[r.file, r.strategy, ",".join(r.models), _num(r.measured_ms), _num(r.ours_ms), _pct(r.ours_error),
           _num(r.paper_ms), _pct(r.paper_error), "/".join(f"{a:.3f}" for a in r.alphas) + f" ({r.alpha_source})",
@@ -138,9 +143,44 @@ def official_table(rows: Sequence[wallclock.OfficialPrediction]) -> Table:
     )
 
 
+# what each figure shows: a measurement, an in-sample fit or a held-out prediction (none exists yet)
+FIGURE_KINDS = {
+    "fig3_accepted_histogram": "measurement",
+    "fig4_lookahead": "measurement",
+    "fig5_timeline": "measurement",
+    "rho_alpha": "measurement (rho, gamma) and in-sample fit (alpha, MLE) against Eq. 3",
+    "model_measured": "in-sample decomposition against measurement (no held-out prediction)",
+    "speedup_depth": "measurement",
+    "synthetic_acceptance": f"measurement, {figures.SYNTHETIC_LABEL}",
+}
+
+
+def figure_kind(name: str) -> str:
+    return next((kind for prefix, kind in FIGURE_KINDS.items() if name.startswith(prefix)), "measurement")
+
+
+def status_table(evaluation: wallclock.RunEvaluation) -> Table:
+    """What each number of a run is: a measurement, an in-sample fit (or decomposition) or a held-out
+    prediction (the last: none, since no held-out predictor exists yet)."""
+    run = evaluation.run
+    acceptance = "exact (lossless)" if run.lossless else f"{figures.SYNTHETIC_LABEL}, set rate {run.synthetic_rate}"
+    rows = [
+        ["measured tok/s, ms/token, busy measured, steps, verifications, one-token steps, rho, gamma, "
+         "accepted/verify, tokens/step", "measurement", f"this run's summary and traces ({acceptance})"],
+        ["a, b, contention, overhead, prefill per token; alpha (MLE +- se), alpha first / next",
+         "in-sample fit", "fitted on this run's own traces"],
+        ["ours tok/s, busy (in-sample model), tokens/step (ours, simulated), start-up",
+         "in-sample decomposition", "analysis.wallclock with the costs and acceptance fitted on this run"],
+        ["paper tok/s, Eq. 1 / 3 / 4 / 5 values", "in-sample (paper model)",
+         f"paper's equations with this run's alpha and gamma; t_K(1) from {evaluation.paper_t1_source}"],
+        ["held-out prediction", "none", "no predictor fitted on other runs exists yet"],
+    ]
+    return Table(["numbers", "kind", "from"], rows)
+
+
 ASSUMPTIONS = [
     "Measured: tokens/s pooled over samples (sum of tokens / sum of generation time), as summary.json.",
-    "Ours (analysis.wallclock): the discrete-event simulator played with each stage's fitted step cost "
+    "Ours (analysis.wallclock), an in-sample decomposition, not a prediction: the discrete-event simulator played with each stage's fitted step cost "
     "t(n) = a + b n plus its per-step overhead, CPU contention as processor sharing (slowdown 1 + s per other "
     "stage computing), each pair's acceptance in runs (first draft alpha_first, later ones alpha_next), the "
     "run's lookahead and max_lead, the measured handoff latency per message hop (rollback delay; 2(k-1) hops "
@@ -173,14 +213,18 @@ def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path 
     figure_dir.mkdir(exist_ok=True)
     images: list[tuple[str, str, bytes]] = []  # (name, caption, png)
     notes: list[str] = []
-    for name, build in figures.ours_figures(runs, evaluations).items():
+    builders = {**figures.ours_figures(runs, evaluations), **figures.synthetic_figures(runs)}
+    for name, build in builders.items():
         try:
-            data = figures.png_bytes(build())
+            with matplotlib.rc_context(figures.STYLE):
+                drawn = build()
         except (LookupError, ValueError, ResultsError) as reason:
             notes.append(f"{name}: skipped ({reason})")
             continue
+        data = figures.png_bytes(drawn.fig)
         (figure_dir / f"{name}.png").write_bytes(data)
-        images.append((name, name.replace("_", " "), data))
+        images.append((name, f"{name.replace('_', ' ')} [{figure_kind(name)}]: {drawn.caption} "
+                             f"Runs: {drawn.selection}.", data))
 
     errors = [abs(e.ours_error) for e in evaluations]
     paper_errors = [abs(e.paper_error) for e in evaluations if e.paper_error is not None]
@@ -189,7 +233,7 @@ def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path 
         f"Our model: largest |error| {100 * max(errors):.1f}%, mean {100 * sum(errors) / len(errors):.1f}%, "
         f"{within}/{len(errors)} runs within {100 * TOLERANCE:.0f}%. "
         + (f"Paper model: largest |error| {100 * max(paper_errors):.1f}%, mean "
-           f"{100 * sum(paper_errors) / len(paper_errors):.1f}%." if paper_errors else "Paper model: no prediction.")
+           f"{100 * sum(paper_errors) / len(paper_errors):.1f}%." if paper_errors else "Paper model: no value.")
     )
     env = runs[0].env
     sections: list[tuple[str, list]] = []  # (heading, blocks: str paragraphs or Table)
@@ -198,8 +242,9 @@ def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path 
     for e in evaluations:
         blocks: list = [f"Directory: {e.run.path}. Lookahead {e.run.lookahead}, max_lead {e.run.max_lead}; "
                         f"handoff latency {_ms(e.measurement.handoff_s)} ms, dispatch {_ms(e.measurement.dispatch_s)} "
-                        f"ms per sample; predicted start-up {e.ours.startup_s:.2f} s of {e.ours.seconds:.2f} s.",
+                        f"ms per sample; modelled start-up {e.ours.startup_s:.2f} s of {e.ours.seconds:.2f} s.",
                         stage_table(e)]
+        blocks.append(status_table(e))
         if e.measurement.pairs:
             blocks.append(pair_table(e))
         blocks.append(comparison_table(e))
@@ -214,9 +259,10 @@ def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path 
         sections.append(("Figures not drawn", notes))
 
     title = "pipespec: model vs measurement"
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{env.get('cpu', '?')}, {env.get('cpu_count', '?')} CPUs" if env else "unknown machine"
-    intro = f"Generated {stamp} from {len(runs)} runs ({machine})."
+    intro = (f"Made by python -m analysis.report from {len(runs)} runs ({machine}). Every number below is a "
+             "measurement or an in-sample fit / decomposition of the run it describes; there is no held-out "
+             "prediction (no predictor fitted on other runs exists yet).")
     md = [f"# {title}", "", intro, ""]
     page = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"

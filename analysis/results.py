@@ -8,7 +8,9 @@ in ``pipespec.results`` only; this module adds what analysis needs on top:
   half-written lines and repeated sample ids are dropped, as on resume) read on
   first use, and its traces as ``pipespec.trace.StageTrace`` objects;
 - ``load_run``: one run directory (it must hold summary.json with a positive tokens/s);
-- ``find_runs``: run directories and directories holding them (``pipespec.results.find_run_dirs``).
+- ``find_runs``: run directories and directories holding them (``pipespec.results.find_run_dirs``);
+- ``select_runs`` / ``run_set_key`` / ``greedy_reference``: runs chosen by what they are (exact or
+  synthetic acceptance, greedy or sampled decoding, dataset and budget), so a figure never mixes them.
 
 Every problem (missing folder, missing or corrupt file, a foreign directory) is a
 ``ResultsError`` (``pipespec.results.ResultsError``) whose message is one line naming the path.
@@ -36,7 +38,8 @@ from pipespec.results import (
 )
 from pipespec.trace import StageTrace
 
-__all__ = ["ResultsError", "Run", "is_run_dir", "load_run", "find_runs"]
+__all__ = ["ResultsError", "Run", "is_run_dir", "load_run", "find_runs", "run_set_key", "describe_run_set",
+           "select_runs", "greedy_reference"]
 
 
 # --------------------------------------------------------------------------- the run
@@ -104,6 +107,47 @@ class Run:
         return int(value) if value is not None else None
 
     @property
+    def n_samples(self) -> int:
+        return int(self.summary.get("n_samples") or 0)
+
+    @property
+    def acceptance(self) -> str:
+        """'exact' (lossless verification) or 'synthetic' (drafts accepted at a set rate: not lossless)."""
+        value = self.summary.get("acceptance")
+        if value:
+            return str(value)
+        return "synthetic" if self.summary.get("lossless") is False else "exact"
+
+    @property
+    def lossless(self) -> bool:
+        return self.acceptance == "exact" and self.summary.get("lossless", True) is not False
+
+    @property
+    def synthetic_rate(self) -> float | None:
+        value = self.summary.get("synthetic_rate")
+        return float(value) if value is not None and not self.lossless else None
+
+    @property
+    def temperature(self) -> float:
+        sampling = self.summary.get("sampling") or _get(self.config, "sampling") or {}
+        return float(sampling.get("temperature") or 0.0)
+
+    @property
+    def sampled(self) -> bool:
+        """Sampled decoding (temperature > 0): compared in distribution only, never with greedy decoding."""
+        return self.temperature > 0
+
+    @property
+    def budget(self) -> tuple[int, int | None]:
+        """(samples, new tokens per sample): runs of different budgets are not set side by side."""
+        return self.n_samples, self.max_new_tokens if self.max_new_tokens is not None else self.summary.get(
+            "max_new_tokens")
+
+    @property
+    def target(self) -> str:
+        return self.stage_names[-1] if self.stage_names else ""
+
+    @property
     def tokens_per_s(self) -> float:
         return float(self.summary["tokens_per_s"])
 
@@ -139,6 +183,39 @@ class Run:
         """(sample row, stage traces) for every sample, read one file at a time."""
         for position, sample in enumerate(self.samples):
             yield sample, self.traces(position)
+
+
+# --------------------------------------------------------------------------- selecting runs by what they are
+
+
+def run_set_key(run: Run) -> tuple:
+    """What runs must share to be drawn in one figure: dataset, budget and decoding (greedy or sampled)."""
+    return run.dataset, run.budget, run.temperature
+
+
+def describe_run_set(key: tuple) -> str:
+    """'humaneval, 5 samples x 64 new tokens, greedy decoding' for a ``run_set_key``."""
+    dataset, (samples, tokens), temperature = key
+    decoding = "greedy decoding" if not temperature else f"sampled decoding (temperature {temperature:g})"
+    return f"{dataset}, {samples} samples x {tokens if tokens is not None else '?'} new tokens, {decoding}"
+
+
+def select_runs(runs: Iterable[Run], *, lossless: bool | None = None, sampled: bool | None = None,
+                strategy: str | None = None, key: tuple | None = None) -> list[Run]:
+    """The runs that are what is asked for (None: either)."""
+    return [r for r in runs
+            if (lossless is None or r.lossless == lossless) and (sampled is None or r.sampled == sampled)
+            and (strategy is None or r.strategy == strategy) and (key is None or run_set_key(r) == key)]
+
+
+def greedy_reference(run: Run, runs: Iterable[Run]) -> Run | None:
+    """The autoregressive run ``run`` is measured against: a lossless 'greedy'-strategy run of the same
+    target, dataset, budget and decoding (so a sampled run only ever meets a sampled AR run), the one
+    in the same folder (sweep) and of the same hierarchy first; None if there is none."""
+    matching = [g for g in runs if g.strategy == "greedy" and g.lossless
+                and g.target == run.target and run_set_key(g) == run_set_key(run)]
+    matching.sort(key=lambda g: (g.path.parent != run.path.parent, g.hierarchy != run.hierarchy))  # stable
+    return matching[0] if matching else None
 
 
 def _get(mapping: dict, dotted: str) -> Any:

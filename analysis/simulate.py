@@ -73,18 +73,24 @@ from typing import Sequence, Union
 import numpy as np
 
 from analysis.import_official import estimate_alpha
+from pipespec.protocol import Role
+from pipespec.schedule import DEFAULT_MAX_LEAD, FINISH, IDLE, STEP, Action, StageView, next_action, roles
 
 __all__ = [
     "StageCost",
     "Bernoulli",
     "Replay",
+    "ByPosition",
+    "RecordedSteps",
     "SimResult",
+    "stage_view",
     "simulate_autoregressive",
     "simulate_sync_sd",
     "simulate_pipespec",
 ]
 
 ROOT = -1  # parent id of the first generated token (the prompt)
+UNBOUNDED = 2**62  # the budget of a steady-state simulation: no end in sight
 
 
 # --------------------------------------------------------------------------- inputs
@@ -147,7 +153,38 @@ class Replay:
         return _ReplaySampler(self.counts, agree, rng)
 
 
-AcceptanceSpec = Union[float, Bernoulli, Replay, Sequence[int]]
+@dataclass(frozen=True)
+class ByPosition:
+    """Draft p of a verification is accepted with probability ``rates[p]`` given that drafts 0..p-1 were
+    (a profile's acceptance by draft position); positions beyond the list use its last rate."""
+
+    rates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rates", tuple(float(r) for r in self.rates))
+        if not self.rates or not all(0.0 <= r <= 1.0 for r in self.rates):
+            raise ValueError(f"rates must be a non-empty sequence of probabilities, got {self.rates!r}")
+
+    def sampler(self, rng: np.random.Generator) -> "_ByPositionSampler":
+        return _ByPositionSampler(self.rates, rng)
+
+
+class _ByPositionSampler:
+    def __init__(self, rates: tuple[float, ...], rng: np.random.Generator) -> None:
+        self.rates = rates
+        self.rng = rng
+
+    def verify(self, offered: int) -> int:
+        accepted = 0
+        while accepted < offered and self.rng.random() < self.rates[min(accepted, len(self.rates) - 1)]:
+            accepted += 1
+        return accepted
+
+    def agrees(self) -> bool:
+        return bool(self.rng.random() < self.rates[0])  # the drafter's token at the first open position
+
+
+AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, Sequence[int]]
 
 
 class _BernoulliSampler:
@@ -185,7 +222,7 @@ class _ReplaySampler:
 
 
 def _as_acceptance(spec: AcceptanceSpec) -> Bernoulli | Replay:
-    if isinstance(spec, (Bernoulli, Replay)):
+    if isinstance(spec, (Bernoulli, Replay, ByPosition)):
         return spec
     if isinstance(spec, numbers.Real) and not isinstance(spec, bool):
         return Bernoulli(float(spec))  # a plain number is an i.i.d. acceptance probability
@@ -240,6 +277,7 @@ class SimResult:
     rejections: tuple[int, ...]  # per pair: verifications that ended at a mismatch
     accepted_counts: tuple[tuple[int, ...], ...]  # per pair: every accepted count (own token included)
     offered_counts: tuple[tuple[int, ...], ...]  # per pair: drafts offered, same order as accepted_counts
+    step_offers: tuple[tuple[int, ...], ...] = ()  # per verifier: drafts offered per applied step (0: single)
 
     @property
     def tokens_per_second(self) -> float:
@@ -353,6 +391,7 @@ class _Stage:
         self.step_end = 0.0
         self.step_epoch = 0
         self.step_drafts: list[int] = []
+        self.kinds: list[int] = []  # drafts offered per applied step of a verifier (0: a single step)
 
 
 def _result(strategy: str, stages: list[_Stage], total_time: float, max_new_tokens: int) -> SimResult:
@@ -373,20 +412,60 @@ def _result(strategy: str, stages: list[_Stage], total_time: float, max_new_toke
         rejections=tuple(s.rejections for s in verifiers),
         accepted_counts=tuple(tuple(s.accepted) for s in verifiers),
         offered_counts=tuple(tuple(s.offered) for s in verifiers),
+        step_offers=tuple(tuple(s.kinds) for s in verifiers),
     )
 
 
-def _check_chain(costs, acceptances) -> tuple[list[StageCost], list[Bernoulli | Replay]]:
-    costs = [_as_cost(c) for c in costs]
-    if len(costs) < 2:
-        raise ValueError(f"costs needs at least two stages (drafter and target), got {len(costs)}")
-    acceptances = [_as_acceptance(a) for a in acceptances]
-    if len(acceptances) != len(costs) - 1:
-        raise ValueError(f"acceptances needs one entry per adjacent pair ({len(costs) - 1}), got {len(acceptances)}")
-    return costs, acceptances
+# --------------------------------------------------------------------------- the one schedule
 
 
-# --------------------------------------------------------------------------- synchronous chain SD
+def stage_view(
+    role: Role,
+    generated: int,
+    downstream_committed: int,
+    drafts: int,
+    upstream_more: bool,
+    budget: int,
+) -> StageView:
+    """What a simulated stage knows, in the engine's terms (``pipespec.stage.StageRequest.view``):
+    its buffer length, the length of the next stage's last commit it has received, the usable drafts
+    of its drafter and whether that drafter will produce more without hearing back. There is no EOS
+    and no confidence model here: a drafter is never finished and its lead is always confident."""
+    return StageView(
+        generated=generated,
+        budget=budget,
+        lead=generated - downstream_committed,
+        finished=role.is_target and generated >= budget,
+        drafts=drafts,
+        upstream_more=role.has_upstream and upstream_more,
+    )
+
+
+@dataclass(frozen=True)
+class RecordedSteps:
+    """Step durations (seconds) replayed in order, cycling when exhausted: a stage's cost in place of
+    ``StageCost`` when replaying a recorded trace (whatever the step feeds)."""
+
+    durations: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "durations", tuple(float(d) for d in self.durations))
+        if not self.durations or not all(math.isfinite(d) and d > 0 for d in self.durations):
+            raise ValueError("durations must be a non-empty sequence of positive seconds")
+
+
+def _step_clock(costs: Sequence[StageCost | RecordedSteps]):
+    """duration(stage, tokens fed) for each new step, drawing recorded durations in order."""
+    used = [0] * len(costs)
+
+    def duration(i: int, fed: int) -> float:
+        cost = costs[i]
+        if isinstance(cost, RecordedSteps):
+            used[i] += 1
+            return cost.durations[(used[i] - 1) % len(cost.durations)]
+        return cost(max(fed, 1))  # every forward pass feeds at least one token
+
+    return duration
 
 
 def simulate_sync_sd(
@@ -396,70 +475,26 @@ def simulate_sync_sd(
     max_new_tokens: int,
     seed: int = 0,
     supply: Sequence[float | None] | None = None,
+    end_at_budget: bool = False,
 ) -> SimResult:
-    """Synchronous (tiered) chain speculative decoding in lockstep rounds.
+    """Synchronous (tiered) chain speculative decoding: the engine's ``sd`` roles with window ``gamma``.
 
-    Each round: stage 0 drafts ``gamma`` tokens (one step each); stage i = 1..K
-    verifies everything stage i-1 holds beyond the committed output, accepts
-    a prefix and appends its own token; then all stages roll back to the
-    target's output. ``gamma`` = 0 degenerates to autoregressive decoding of
-    the target. ``costs``: one ``StageCost`` (or fixed seconds) per stage, target
-    last; ``acceptances``: one alpha / ``Bernoulli`` / ``Replay`` / count list per pair.
-    ``supply``: optional, per stage; ``supply[0]`` is the probability that the
-    first stage has a window to propose in a round (prompt lookup finds no
-    match otherwise: the round is a one-token step of the chain).
+    Stage 0 drafts ``gamma`` tokens (one step each) and stops; each verifier waits until its drafter
+    has stopped, verifies everything it holds beyond its own buffer, appends its own token and stops;
+    the target commits and the commit cascades upstream, releasing the chain. At any moment exactly
+    one stage computes. ``gamma`` = 0: stage 0 never drafts; with two stages the target steps alone,
+    with three the middle stage takes one-token steps that the target verifies (as the engine does).
+    ``costs``: one ``StageCost`` (or fixed seconds, or ``RecordedSteps``) per stage, target last;
+    ``acceptances``: one alpha / ``Bernoulli`` / ``Replay`` / count list per pair. ``supply``: optional,
+    per stage; ``supply[0]`` is the probability that the first stage has a window to propose when a
+    commit reaches it (prompt lookup finds no match otherwise: the round is a one-token step).
+    ``end_at_budget``: see ``simulate_pipespec``.
     """
-    costs, acceptances = _check_chain(costs, acceptances)
     gamma = _check_int(gamma, "gamma", 0)
-    max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
-    supply = _check_supply(supply, len(costs))
-    rng = np.random.default_rng(seed)
-    samplers = [spec.sampler(rng) for spec in acceptances]
-    tokens = _Tokens()
-    stages = [_Stage() for _ in costs]
-    target = stages[-1]
-    now = 0.0
-
-    def run_step(stage: _Stage, cost: StageCost, n_input: int) -> None:
-        nonlocal now
-        duration = cost(max(n_input, 1))  # every forward pass feeds at least one token
-        now += duration
-        stage.busy_time += duration
-        stage.steps += 1
-
-    while len(target.buffer) < max_new_tokens:
-        committed = len(target.buffer)  # all stages agree on these tokens at a round start
-        drafter = stages[0]
-        proposes = supply[0] is None or rng.random() < supply[0]
-        for _ in range(gamma if proposes else 0):
-            run_step(drafter, costs[0], len(drafter.buffer) - drafter.cached)
-            drafter.cached = len(drafter.buffer)  # the context is now cached; the new token is not
-            drafter.buffer.append(tokens.new(drafter.buffer))
-        for i in range(1, len(stages)):
-            upstream, stage = stages[i - 1].buffer, stages[i]
-            drafts = upstream[committed:]
-            if not drafts and i < len(stages) - 1 and proposes:
-                continue  # a middle stage with nothing to verify idles this round
-            # (after a supply miss it takes a one-token step instead, whose token its verifier checks)
-            run_step(stage, costs[i], committed - stage.cached + len(drafts))
-            accepted = samplers[i - 1].verify(len(drafts)) if drafts else 0
-            del stage.buffer[committed:]
-            stage.buffer.extend(drafts[:accepted])
-            stage.cached = committed + accepted  # rejected drafts are cropped from the KV cache
-            stage.buffer.append(tokens.new(stage.buffer))  # correction or bonus token
-            if drafts:
-                stage.verifications += 1
-                stage.accepted.append(accepted + 1)
-                stage.offered.append(len(drafts))
-                stage.rejections += accepted < len(drafts)
-        for stage in stages[:-1]:  # everyone rolls back to the target's output
-            changed = tokens.rebase(stage.buffer, target.buffer[-1])
-            if changed is not None:
-                stage.cached = min(stage.cached, changed)
-    return _result("sync_sd", stages, now, max_new_tokens)
-
-
-# --------------------------------------------------------------------------- PipeSpec
+    return _simulate_schedule(
+        "sd", costs, acceptances, max_new_tokens, lookahead=gamma, max_lead=max(gamma, 1), seed=seed,
+        supply=supply, end_at_budget=end_at_budget,
+    )  # fmt: skip
 
 
 def simulate_pipespec(
@@ -467,22 +502,22 @@ def simulate_pipespec(
     acceptances: Sequence[AcceptanceSpec],
     max_new_tokens: int,
     lookahead: int = 0,
-    max_lead: int = 32,
+    max_lead: int = DEFAULT_MAX_LEAD,
     verify_window: int | None = None,
     rollback_delay: float = 0.0,
     seed: int = 0,
     contention: Sequence[float | None] | None = None,
     supply: Sequence[float | None] | None = None,
+    end_at_budget: bool = False,
 ) -> SimResult:
-    """Asynchronous k-stage PipeSpec pipeline (see the module docstring for the rules).
+    """Asynchronous k-stage PipeSpec pipeline: the engine's ``pipespec`` roles.
 
     ``lookahead``: minimum drafts a verifier waits for while its drafter is
     still producing (0 = never wait). ``max_lead``: a non-target stage does not
-    start a step while it is this many tokens ahead of its successor.
-    ``verify_window``: optional cap on drafts per verification (None = all
-    available). ``rollback_delay``: seconds per upstream hop of a rollback (a
-    verifier waiting for ``lookahead`` drafts also waits while its commit is on
-    its way to a capped drafter, which will then produce again).
+    start a step while it is this many tokens ahead of the next stage's last
+    commit it has received (default: the engine's). ``verify_window``: optional cap on drafts per
+    verification (None = all available, as in the engine; the paper's fixed window otherwise).
+    ``rollback_delay``: seconds per upstream hop of a commit (0: immediate, the whole cascade at once).
     ``contention``: optional, per stage, the relative slowdown per other stage
     computing at the same time (stages sharing CPU cores), as processor
     sharing: while ``m`` other stages compute, stage i's step progresses at
@@ -491,17 +526,55 @@ def simulate_pipespec(
     stage that takes no core (e.g. prompt lookup): neither slowed nor counted.
     None (default): stages never slow each other.
     ``supply``: optional, per stage, the probability that a drafter has
-    anything to propose when it starts afresh from its successor's output
+    anything to propose when a commit reaches it back at its successor's output
     (prompt lookup finds no match otherwise); a drafter without a proposal
     idles until the next commit reaches it, and a verifier does not wait for
     it. None entries (default): always.
+    ``end_at_budget``: False (default) measures the first ``max_new_tokens`` tokens of an endless
+    generation (steady state; the last step may overshoot). True stops like the engine at a budget of
+    ``max_new_tokens``: verifiers take at most room - 1 drafts, drafters stop one token short of it.
     """
-    costs, acceptances = _check_chain(costs, acceptances)
-    max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
     lookahead = _check_int(lookahead, "lookahead", 0)
     max_lead = _check_int(max_lead, "max_lead", max(lookahead, 1))
     if verify_window is not None:
         verify_window = _check_int(verify_window, "verify_window", max(lookahead, 1))
+    return _simulate_schedule(
+        "pipespec", costs, acceptances, max_new_tokens, lookahead=lookahead, max_lead=max_lead,
+        verify_window=verify_window, rollback_delay=rollback_delay, seed=seed, contention=contention,
+        supply=supply, end_at_budget=end_at_budget,
+    )  # fmt: skip
+
+
+def _simulate_schedule(
+    strategy: str,
+    costs,
+    acceptances,
+    max_new_tokens: int,
+    lookahead: int,
+    max_lead: int,
+    verify_window: int | None = None,
+    rollback_delay: float = 0.0,
+    seed: int = 0,
+    contention: Sequence[float | None] | None = None,
+    supply: Sequence[float | None] | None = None,
+    end_at_budget: bool = False,
+) -> SimResult:
+    """Every stage runs the engine's loop: after each event, each idle stage asks
+    ``pipespec.schedule.next_action`` (its role from ``pipespec.schedule.roles``) what to do next.
+
+    A step feeds the stage's uncached tokens plus the drafts it verifies. After a step a stage whose
+    role commits its own steps (and the target) sends its buffer upstream; a stage receiving a commit
+    adopts it (a rollback where they differ: its KV cache is cropped and a step in flight is
+    discarded when it completes), records its length as the next stage's last commit, and forwards
+    it upstream, each hop taking ``rollback_delay`` seconds.
+    """
+    costs = [c if isinstance(c, RecordedSteps) else _as_cost(c) for c in costs]
+    if len(costs) < 2:
+        raise ValueError(f"costs needs at least two stages (drafter and target), got {len(costs)}")
+    acceptances = [_as_acceptance(a) for a in acceptances]
+    if len(acceptances) != len(costs) - 1:
+        raise ValueError(f"acceptances needs one entry per adjacent pair ({len(costs) - 1}), got {len(acceptances)}")
+    max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
     if not (math.isfinite(rollback_delay) and rollback_delay >= 0):
         raise ValueError(f"rollback_delay must be a finite number >= 0, got {rollback_delay!r}")
     if contention is not None:
@@ -509,7 +582,11 @@ def simulate_pipespec(
         if len(contention) != len(costs) or not all(c is None or (math.isfinite(c) and c >= 0) for c in contention):
             raise ValueError(f"contention needs one value >= 0 or None per stage ({len(costs)}), got {contention!r}")
     supply = _check_supply(supply, len(costs))
+    stage_roles = roles(strategy, len(costs), lookahead, max_lead)
+    budget = max_new_tokens if end_at_budget else UNBOUNDED
+    step_time = _step_clock(costs)
     in_flight = [0] * len(costs)  # commits on their way to each stage (rollback_delay > 0)
+    committed_below = [0] * len(costs)  # length of the next stage's last commit each stage has received
     dry = [False] * len(costs)  # a drafter with nothing to propose until the next commit reaches it
     work_left = [0.0] * len(costs)  # with contention: seconds of solo computing left in each stage's step
     rate = [0.0] * len(costs)  # and the speed it progresses at now
@@ -531,9 +608,27 @@ def simulate_pipespec(
         heapq.heappush(events, (time, sequence, stage_index, payload))
         sequence += 1
 
-    def capped(i: int) -> bool:
-        # a non-target stage pauses while it is max_lead tokens ahead of its successor
-        return i < last and len(stages[i].buffer) - len(stages[i + 1].buffer) >= max_lead
+    def drafts_of(i: int) -> list[int]:
+        """The drafter's tokens beyond stage i's buffer, cut at the window and at room - 1."""
+        if i == 0:
+            return []
+        upstream, own = stages[i - 1].buffer, stages[i].buffer
+        committed = len(own)
+        if not (len(upstream) > committed and _agree_through(upstream, own, committed)):
+            return []
+        end = len(upstream) if verify_window is None else min(len(upstream), committed + verify_window)
+        return upstream[committed : min(end, committed + max(budget - committed - 1, 0))]
+
+    def producing(j: int) -> bool:
+        """Stage j will produce more drafts without hearing back (what its last message says)."""
+        return in_flight[j] > 0 or stages[j].busy or decide(j, len(drafts_of(j))).kind not in (IDLE, FINISH)
+
+    def decide(i: int, n_drafts: int) -> Action:
+        if dry[i]:
+            return Action(IDLE)  # prompt lookup without a proposal
+        more = i > 0 and producing(i - 1)
+        view = stage_view(stage_roles[i], len(stages[i].buffer), committed_below[i], n_drafts, more, budget)
+        return next_action(stage_roles[i], view)
 
     def send_upstream(i: int, token: int, now: float) -> None:
         """Stage i tells stage i-1 that its output now ends in ``token``."""
@@ -543,40 +638,35 @@ def simulate_pipespec(
             in_flight[i - 1] += 1
             schedule(now + rollback_delay, i - 1, token)
         else:
-            apply_rollback(i - 1, token, now)
+            apply_commit(i - 1, token, now)
 
     def look_again(j: int) -> None:
         """A drafter with a finite supply, back at its successor's output, has a proposal or not."""
         dry[j] = (supply[j] is not None and j < last and len(stages[j].buffer) <= len(stages[j + 1].buffer)
-                  and rng.random() >= supply[j])
+                  and rng.random() >= supply[j])  # fmt: skip
 
-    def apply_rollback(j: int, token: int, now: float) -> None:
+    def apply_commit(j: int, token: int, now: float) -> None:
         stage = stages[j]
+        committed_below[j] = tokens.position[token] + 1
         changed = tokens.rebase(stage.buffer, token)
         look_again(j)  # a commit arrived: a prompt lookup looks for a match again
-        if changed is None:
-            return  # already consistent: nothing to roll back, the cascade stops here
-        stage.cached = min(stage.cached, changed)
-        stage.epoch += 1  # the step in flight (if any) worked on a stale context
-        send_upstream(j, token, now)
+        if changed is not None:
+            stage.cached = min(stage.cached, changed)
+            stage.epoch += 1  # the step in flight (if any) worked on a stale context
+        send_upstream(j, token, now)  # the engine forwards every commit it receives
 
     def try_start(i: int, now: float) -> None:
         stage = stages[i]
-        if stage.busy or capped(i) or dry[i]:
+        if stage.busy:
             return
-        uncached = len(stage.buffer) - stage.cached
-        drafts: list[int] = []
-        if i > 0:
-            upstream = stages[i - 1].buffer
-            committed = len(stage.buffer)
-            if len(upstream) > committed and _agree_through(upstream, stage.buffer, committed):
-                end = len(upstream) if verify_window is None else min(len(upstream), committed + verify_window)
-                drafts = upstream[committed:end]
-            if len(drafts) < lookahead and (in_flight[i - 1] or not (capped(i - 1) or dry[i - 1])):
-                return  # wait for the drafter, which is still producing or will once our commit reaches it
+        drafts = drafts_of(i)
+        action = decide(i, len(drafts))
+        if action.kind != STEP:
+            return
+        drafts = drafts[: action.n]
         stage.busy = True
         stage.step_start = now
-        stage.step_end = now + costs[i](max(uncached + len(drafts), 1))
+        stage.step_end = now + step_time(i, len(stage.buffer) - stage.cached + len(drafts))
         stage.step_epoch = stage.epoch
         stage.step_drafts = drafts
         if contention is not None:
@@ -636,7 +726,7 @@ def simulate_pipespec(
             upstream = stages[i - 1].buffer
             position = len(stage.buffer)
             if (len(upstream) > position and _agree_through(upstream, stage.buffer, position)
-                    and sampler.agrees()):
+                    and sampler.agrees()):  # fmt: skip
                 own = upstream[position]  # same token: the drafter keeps its continuation
         stage.buffer.append(own if own is not None else tokens.new(stage.buffer))
         if drafts:
@@ -644,7 +734,9 @@ def simulate_pipespec(
             stage.accepted.append(accepted + 1)
             stage.offered.append(len(drafts))
             stage.rejections += accepted < len(drafts)
-        send_upstream(i, stage.buffer[-1], now)
+        stage.kinds.append(len(drafts))
+        if stage_roles[i].commits_own_steps or i == last:
+            send_upstream(i, stage.buffer[-1], now)
         return i == last and len(stage.buffer) >= max_new_tokens
 
     for j in range(len(stages)):
@@ -670,10 +762,10 @@ def simulate_pipespec(
                 break
         else:
             in_flight[i] -= 1
-            apply_rollback(i, payload, now)
+            apply_commit(i, payload, now)
         start_all(now)
 
     for stage in stages:  # count the part of in-flight steps that ran before the end
         if stage.busy:
             stage.busy_time += now - stage.step_start
-    return _result("pipespec", stages, now, max_new_tokens)
+    return _result("sync_sd" if strategy == "sd" else strategy, stages, now, max_new_tokens)

@@ -1,6 +1,6 @@
 """Model card of the default CPU hierarchies, measured on this machine.
 
-    python -m experiments.model_card --samples 20 --max-new-tokens 128 --write conf/models/README.md
+    python -m experiments.model_card --samples 20 --max-new-tokens 128 --write pipespec/conf/models/README.md
 
 For every named SmolLM2 hierarchy and each dataset (HumanEval, the news_lee stand-in
 with the CNN/DM prompt, chat template applied), it runs greedy, sd and pipespec on
@@ -21,17 +21,17 @@ import time
 from pathlib import Path
 from statistics import median
 
-import yaml
+from pipespec.conf import load as load_conf
+from pipespec.stats import StageStats, pool
 
 HIERARCHIES = ("smollm2_int8_fp32", "smollm2_pld_int8_fp32", "smollm2_pld_fp32")
 DATASETS = ("humaneval", "news_lee_cnndm")
-CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
 def dataset_prompt_ids(name: str, n: int, tokenizer, context_length: int, max_new_tokens: int) -> list[list[int]]:
     from pipespec.data import build_prompt_ids, load_dataset
 
-    cfg = yaml.safe_load((CONF / "dataset" / f"{name}.yaml").read_text())
+    cfg = load_conf("dataset", name)
     cfg["n_samples"] = n
     dataset = load_dataset(cfg)
     return [
@@ -100,15 +100,9 @@ def summarize_runs(runs: dict, n_stages: int) -> dict:
     greedy = [r.tokens for r in runs["greedy"]]
     out = {"n": len(greedy), "pairs": []}
     for stage in range(1, n_stages):
-        summaries = [r.summary()[stage] for r in runs["sd"]]
-        offered = sum(s["offered"] for s in summaries)
-        accepted = sum(s["accepted"] for s in summaries)
-        verifications = sum(s["verify_steps"] for s in summaries)
+        stats = pool(StageStats.from_trace(r.stage_traces[stage], len(r.tokens)) for r in runs["sd"])
         out["pairs"].append(
-            {
-                "acceptance_rate": accepted / offered if offered else None,
-                "mean_accepted_per_verify": accepted / verifications if verifications else None,
-            }
+            {"draft_acceptance_rate": stats.draft_acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length}
         )
     for strategy, results in runs.items():
         tokens = sum(len(r.tokens) for r in results)
@@ -124,14 +118,14 @@ def format_card(cards: dict, costs: dict, args) -> str:
         "# Model card: the default CPU hierarchies",
         "",
         "Regenerate: `.venv/bin/python -m experiments.model_card "
-        f"--samples {args.samples} --max-new-tokens {args.max_new_tokens} --write conf/models/README.md` "
+        f"--samples {args.samples} --max-new-tokens {args.max_new_tokens} --write pipespec/conf/models/README.md` "
         "(2-core machine, one torch thread per stage; timings are noisy, compare within one run).",
         "",
         f"Acceptance per pair from `sd` traces (window {args.sd_lookahead}); tokens/s pooled over the prompts; "
         "identical = outputs equal to greedy fp32. news_lee is an offline stand-in for CNN/DM "
         "(real news, no reference summaries), run with the CNN/DM chat prompt.",
         "",
-        "| hierarchy | dataset | pair | acceptance | accepted / verify | greedy tok/s | sd tok/s | pipespec tok/s "
+        "| hierarchy | dataset | pair | draft acceptance rate | mean acceptance length | greedy tok/s | sd tok/s | pipespec tok/s "
         "| identical sd | identical pipespec |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -140,8 +134,8 @@ def format_card(cards: dict, costs: dict, args) -> str:
         for dataset in DATASETS:
             row = card[dataset]
             for i, pair in enumerate(row["pairs"]):
-                acc = f"{pair['acceptance_rate']:.2f}" if pair["acceptance_rate"] is not None else "-"
-                mean = f"{pair['mean_accepted_per_verify']:.2f}" if pair["mean_accepted_per_verify"] is not None else "-"
+                acc = f"{pair['draft_acceptance_rate']:.2f}" if pair["draft_acceptance_rate"] is not None else "-"
+                mean = f"{pair['mean_acceptance_length']:.2f}" if pair["mean_acceptance_length"] is not None else "-"
                 speed = (
                     f"{row['greedy']['tokens_per_s']:.1f} | {row['sd']['tokens_per_s']:.1f} | "
                     f"{row['pipespec']['tokens_per_s']:.1f} | {row['sd']['identical']}/{row['n']} | "

@@ -88,6 +88,7 @@ def run_faults(log) -> dict:
     import torch
 
     from pipespec.api import Pipeline
+    from pipespec.faults import FaultPlan
     from pipespec.errors import StageError
     from pipespec.decoding import greedy_generate
     from pipespec.hierarchies import load_hierarchy
@@ -117,7 +118,7 @@ def run_faults(log) -> dict:
             label = f"k={k} {strategy} {json.dumps(fault)}"
             started = time.monotonic()
             try:
-                result = pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=2, fault=fault)
+                result = pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=2, faults=FaultPlan(**fault))
             except StageError as error:
                 took = time.monotonic() - started
                 message = str(error)

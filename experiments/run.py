@@ -5,6 +5,7 @@
         dataset.n_samples=10 max_new_tokens=64 strategy.lookahead=3
     python -m experiments.run -m strategy=greedy,sd,pipespec dataset=humaneval,news_lee_cnndm
     python -m experiments.run experiment=table2_humaneval_llama3 run.plan=true
+    torchrun --nproc_per_node=4 -m experiments.run models=tiny_k3 strategy=pipespec   # rank 0 + 3 stage ranks
 
 The work is in `pipespec.runner` (no Hydra there); this file composes the config,
 prints the plan or the run's table, and turns known errors into one line.
@@ -38,7 +39,7 @@ def plan(config: dict) -> None:
     print(format_plan(plan_stages(specs)))
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../pipespec/conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -60,10 +61,34 @@ def main(cfg: DictConfig) -> dict | None:
     return summary
 
 
+# Under torchrun every rank runs this program: rank 0 the run, ranks >= 1 one stage each, which they
+# serve when the run makes its Pipeline (`pipespec.launch`), then exit. They write nothing, Hydra neither.
+STAGE_RANK_OVERRIDES = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=disabled"]
+
+
+def torchrun_arguments(argv: list[str], environ=None) -> list[str]:
+    """The arguments of this rank: unchanged outside torchrun; a stage rank's Hydra writes no files."""
+    from pipespec.errors import ConfigError
+    from pipespec.launch import LaunchEnv, under_torchrun
+
+    if not under_torchrun(environ):
+        return argv
+    if "-m" in argv or "--multirun" in argv:
+        raise ConfigError("under torchrun, launch one run at a time (its stage ranks serve one pipeline): drop -m")
+    return argv + STAGE_RANK_OVERRIDES if LaunchEnv.from_environ(environ).rank >= 1 else argv
+
+
 def entry() -> None:
+    from pipespec.errors import ConfigError
+
     if len(sys.argv) == 1:
         print("no arguments: running the embedded default, " + " ".join(EMBEDDED_DEFAULT), file=sys.stderr)
         sys.argv += EMBEDDED_DEFAULT
+    try:
+        sys.argv[1:] = torchrun_arguments(sys.argv[1:])
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     main()
 
 

@@ -29,22 +29,35 @@ results say `acceptance="synthetic"` and `lossless=False`.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
-import re
+import numbers
 import secrets
+import signal
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from pipespec.errors import ConfigError, StageError
+from pipespec.launch import (
+    UNGUARDED_MAIN_EXIT,
+    LaunchEnv,
+    exit_if_bootstrapping_child,
+    resolve_launch,
+    serve_stage_rank,
+    unguarded_main_message,
+)
 from pipespec.models import (
+    assign_devices,
     StageSpec,
     check_shared_vocabulary,
     context_length,
     eos_token_ids,
 )
+from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
 from pipespec.schedule import check_options, roles
 from pipespec.trace import StageTrace, format_summary, summarize
 from pipespec.verify import check_acceptance, check_sampling
@@ -64,6 +77,7 @@ class GenerationResult:
     acceptance: str = "exact"  # "exact" (the verify rule) or "synthetic" (seeded coins, for benchmarking)
     synthetic_rates: list[float] | None = None  # per drafter/verifier pair, under synthetic acceptance
     lossless: bool = True  # False: the tokens do not follow the target's (greedy or sampling) distribution
+    margins: list[float] | None = None  # the target's top-2 logit margin at each token (pipespec.results classifies)
 
     def summary(self) -> list[dict[str, Any]]:
         return summarize(self.stage_traces, len(self.tokens))
@@ -78,6 +92,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _prompt_ids(prompt: Any) -> list[int]:
+    """A prompt given as token ids: a list, tuple or range of ints (or an array / tensor of them)."""
+    if hasattr(prompt, "tolist") and not isinstance(prompt, (str, bytes)):
+        prompt = prompt.tolist()  # numpy arrays and torch tensors
+    expected = "prompt must be a string or a sequence of token ids (ints)"
+    if not isinstance(prompt, (list, tuple, range)):
+        raise ConfigError(f"{expected}, got {type(prompt).__name__}: {prompt!r:.60}")
+    bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+    if bad is not None:
+        raise ConfigError(f"{expected}; this {type(prompt).__name__} holds a {type(bad).__name__}: {bad!r:.60}")
+    return [int(t) for t in prompt]
+
+
 def _context():
     # a fork server imports torch and transformers once; stage processes are forked from it. transformers
     # imports its model code lazily (about 3 CPU-s per process): preload the LLaMA family's (all ours use it)
@@ -86,23 +113,27 @@ def _context():
     return ctx
 
 
-_WAITED_FOR = re.compile(r" waited \S+ s for stage (\d+):")  # a stall report of pipespec.stage
+def _as_failure(sender: int, message) -> Failed | None:
+    """A stage's report, or the driver's own broken link to a stage (`waited_for` None), as a Failed."""
+    if isinstance(message, LinkBroken):
+        return Failed(sender - 1, "lost_link", f"lost the link: {message.text}")
+    return message if isinstance(message, Failed) else None
 
 
-def _end_of_wait_chain(causes: list[tuple]) -> tuple:
+def _end_of_wait_chain(causes: list[Failed]) -> Failed:
     """The report to blame: after a hang, stage A reports it waited for B, B that it waited for C...;
     the stage that stopped responding is the first one in that chain that reported nothing."""
     waits = {}
     for cause in causes:
-        if (match := _WAITED_FOR.search(cause[2])) is not None:
-            waits.setdefault(cause[1], (int(match.group(1)), cause))
-    index, seen = causes[0][1], set()
+        if cause.kind == "stalled":
+            waits.setdefault(cause.stage, cause)
+    index, seen = causes[0].stage, set()
     while index in waits and index not in seen:
         seen.add(index)
-        waited_for, cause = waits[index]
-        if waited_for not in waits:
+        cause = waits[index]
+        if cause.waited_for not in waits:
             return cause
-        index = waited_for
+        index = cause.waited_for
     return causes[0]  # not a stall, or a cycle (a lost message: each waits for the other)
 
 
@@ -117,7 +148,7 @@ class Pipeline:
         draft_confidence: float = 0.0,
         start_timeout_s: float = 600.0,
         stall_timeout_s: float = 30.0,
-        launch: str = "local",
+        launch: str | None = None,
         address: str | None = None,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -126,12 +157,17 @@ class Pipeline:
         acceptance: str = "exact",
         synthetic_rates: float | Sequence[float] | None = None,
     ):
-        if launch not in ("local", "external"):
-            raise ConfigError(f"launch must be 'local' or 'external', got {launch!r}")
+        exit_if_bootstrapping_child()  # a stage process re-running an unguarded main module: say so and end
+        launch = resolve_launch(launch)
         if launch == "external" and (not address or ":" not in address):
             raise ConfigError("launch='external' needs address='HOST:PORT' (where this driver, rank 0, listens)")
         self.launch, self.address = launch, address
         self.specs = [StageSpec.from_any(s) for s in stages]
+        if launch == "local":  # `device: auto`: one whole free GPU per stage, chosen here for every stage at once
+            self.specs = assign_devices(self.specs)
+        self.launch_env = LaunchEnv.from_environ() if launch == "torchrun" else None
+        if self.launch_env is not None:
+            self.launch_env.check_world(len(self.specs))
         check_options(strategy, len(self.specs), lookahead, max_lead, draft_confidence)
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
         self.draft_confidence = draft_confidence
@@ -149,6 +185,16 @@ class Pipeline:
         self.transport = None
         self.pids: list[int] = []
         self._request = 0
+        self._calls = threading.RLock()  # one generate call at a time; close waits for the one in progress
+        self._executor: ThreadPoolExecutor | None = None  # serves `submit`
+        self._ranks_ended = False  # torchrun: the stage ranks served their one start and exited
+        self._terminating = False  # torchrun: the launcher sent SIGTERM (another rank failed)
+        self._previous_sigterm = None
+        self._submit_lock = threading.Lock()
+        self._call_owner: int | None = None  # the thread in a generate call
+        self._store = None  # the store of the current start (kept alive as long as the transport)
+        if self.launch_env is not None and self.launch_env.rank >= 1:
+            serve_stage_rank(self.launch_env, self.specs, start_timeout_s)  # this rank is a stage: never returns
 
     def _stage_names(self) -> list[str]:
         labels = [s.label for s in self.specs]
@@ -167,24 +213,48 @@ class Pipeline:
         return self.transport is not None
 
     def start(self) -> None:
+        """Start the stage processes (launch "local") or meet the stage ranks (torchrun, external)."""
+        exit_if_bootstrapping_child()
+        with self._turn():
+            self._start()
+
+    def _rendezvous_address(self) -> tuple[str, int, bool]:
+        """(host, port, whether this driver serves the store there) of this pipeline's launch."""
+        if self.launch == "external":
+            host, port = self.address.rsplit(":", 1)
+            return host, int(port), True
+        if self.launch == "torchrun":  # torchrun's agent serves it already, unless told otherwise
+            env = self.launch_env
+            return env.master_addr, env.master_port, not env.agent_store
+        return HOST, _free_port(), True
+
+    def _start(self) -> None:
         from pipespec.stage import stage_process_main
-        from pipespec.transport import GlooTransport
+        from pipespec.transport import GlooTransport, client_store, new_start, serve_store
 
         if self.started:
             return
+        if self._ranks_ended:
+            raise StageError(
+                "under torchrun the stage ranks serve one pipeline start, and theirs has ended: launch again",
+                kind="start",
+            )
         n = len(self.specs)
-        if self.launch == "external":
-            # stage ranks 1..k are started elsewhere (`python -m pipespec.stage`, e.g. under torchrun)
-            host, port = self.address.rsplit(":", 1)
-            port = int(port)
-            self.processes = []
-        else:
-            host, port = HOST, _free_port()
+        host, port, serve = self._rendezvous_address()
+        try:
+            base = (serve_store if serve else client_store)(host, port, self.start_timeout_s)
+        except Exception as error:  # a port in use, an unreachable launcher store
+            raise StageError(f"could not {'serve' if serve else 'reach'} the store at {host}:{port}: {error}",
+                             kind="start") from None  # fmt: skip
+        start, store = new_start(base)
+        self._store = base
+        self.processes = []
+        if self.launch == "local":
             ctx = _context()
             self.processes = [
                 ctx.Process(
                     target=stage_process_main,
-                    args=(i, spec, n, host, port, self.start_timeout_s),
+                    args=(i, spec, n, host, port, self.start_timeout_s, start),
                     name=f"pipespec-stage-{i}",
                     daemon=True,
                 )
@@ -192,12 +262,15 @@ class Pipeline:
             ]
             for process in self.processes:
                 process.start()
+        elif self.launch == "torchrun":
+            self._ranks_ended = True  # they join this start and exit when it ends
+            self._watch_launcher()
         # the group's rendezvous blocks until every stage joins: do it aside and watch the processes
         box: dict[str, Any] = {}
 
         def connect():
             try:
-                box["transport"] = GlooTransport(0, n + 1, host, port, range(1, n + 1), self.start_timeout_s)
+                box["transport"] = GlooTransport(0, n + 1, store, range(1, n + 1))
             except Exception as error:
                 box["error"] = error
 
@@ -208,33 +281,62 @@ class Pipeline:
             thread.join(0.1)
             if any(p.exitcode is not None for p in self.processes):
                 self._kill()
+                if any(p.exitcode == UNGUARDED_MAIN_EXIT for p in self.processes):
+                    raise ConfigError(unguarded_main_message())
                 codes = {self.names[i]: p.exitcode for i, p in enumerate(self.processes) if p.exitcode is not None}
-                raise StageError(f"stage processes exited while starting: {codes}")
+                raise StageError(f"stage processes exited while starting: {codes}", kind="start")
             if time.monotonic() > deadline:
                 self._kill()
-                raise StageError(f"stage processes did not connect within {self.start_timeout_s:.0f} s")
+                raise StageError(f"stage processes did not connect within {self.start_timeout_s:.0f} s", kind="start")
         if "error" in box:
             self._kill()
-            raise StageError(f"could not connect to the stage processes: {box['error']}")
+            raise StageError(f"could not connect to the stage processes: {box['error']}", kind="start")
         self.transport = box["transport"]
         ready: set[int] = set()
         pids: dict[int, int] = {}
         try:
             while len(ready) < n:
-                sender, message = self._receive(deadline, "starting")
-                if message[0] == "ready":
-                    ready.add(message[1])
-                    pids[message[1]] = message[2]
+                message = self._receive(deadline, "starting")
+                if isinstance(message, Ready):
+                    ready.add(message.stage)
+                    pids[message.stage] = message.pid
             self.pids = [pids[i] for i in range(n)]  # by stage index
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
+        """Shut the stages down. From another thread: waits for the call in progress and cancels the
+        calls queued by `submit`."""
+        if self._call_owner != threading.get_ident() and self._executor is not None:
+            executor, self._executor = self._executor, None
+            executor.shutdown(wait=False, cancel_futures=True)
+        with self._calls:
+            self._close()
+        self._store = None
+
+    def _watch_launcher(self) -> None:
+        """torchrun stops every rank with SIGTERM when one fails: during a call, let the call finish its
+        diagnosis (it names the failed stage) instead of dying silently; outside one, exit."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum, frame):
+            self._terminating = True
+            if self._call_owner is None:
+                raise SystemExit(128 + signum)
+
+        self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _close(self) -> None:
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+        self._submit_lock = threading.Lock()
         if self.transport is not None:
             for rank in range(1, len(self.specs) + 1):
                 try:
-                    self.transport.send(rank, ("shutdown",))
+                    self.transport.send(rank, Shutdown())
                 except Exception:
                     pass
         deadline = time.monotonic() + 2.0  # then kill: a stuck stage must not hold up the error
@@ -257,22 +359,22 @@ class Pipeline:
         if any(p.exitcode is not None for p in self.processes):
             self._diagnose_and_fail([])
 
-    def _diagnose_and_fail(self, errors: list[tuple]) -> None:
+    def _diagnose_and_fail(self, errors: list[Failed]) -> None:
         """Find the root cause among stage reports and process deaths, shut down, raise StageError."""
         # a failing stage takes its neighbours' links down too: let their reports arrive, then choose;
         # after a stall, longer: every stage waiting in the chain reports, and the last one names the culprit
         started = time.monotonic()
         while self.transport is not None:
-            stalled = any(_WAITED_FOR.search(e[2]) for e in errors)
+            stalled = any(e.kind == "stalled" for e in errors)
             if time.monotonic() >= started + (1.0 if stalled else 0.5):
                 break
             item = self.transport.receive(0.05)
-            if item is not None and item[1][0] == "error":
-                errors.append(item[1])
+            if item is not None and (failure := _as_failure(*item)) is not None:
+                errors.append(failure)
         for process in self.processes:
             process.join(0.3)  # a stage that lost a link exits within POLL_S; its exit code tells the story
-        causes = [e for e in errors if "lost the link" not in e[2]]
-        reported = {e[1] for e in causes}  # a stage's lost link to one that died says less than the death
+        causes = [e for e in errors if e.kind != "lost_link"]
+        reported = {e.stage for e in causes}  # a stage's lost link to one that died says less than the death
         until = time.monotonic() + 2.0  # only lost links: a death is the likely cause, and its exit code may lag
         while not causes and self.processes and time.monotonic() < until:
             if any(p.exitcode not in (None, 0, 1) for p in self.processes):
@@ -282,56 +384,91 @@ class Pipeline:
         silent_deaths = [
             i for i, p in enumerate(self.processes) if p.exitcode not in (None, 0, 1) and i not in reported
         ]
-        if causes:
-            _, index, text, detail = _end_of_wait_chain(causes)
-            reason, detail = f"stage {self.names[index]} failed: {text}", detail
+        if not causes and not silent_deaths:
+            # only lost links (and no process of ours to ask, under a launcher): the stage to blame is one
+            # whose link to the driver broke (`waited_for` None: the driver's own report) and that said nothing
+            reporters = {e.stage for e in errors if e.waited_for is not None}
+            silent_deaths = [e.stage for e in errors if e.waited_for is None and e.stage not in reporters][:1]
+        if causes or (errors and not silent_deaths):
+            cause = _end_of_wait_chain(causes) if causes else errors[0]
+            error = StageError(
+                f"stage {self.names[cause.stage]} failed: {cause.text}",
+                stage=cause.stage, kind=cause.kind, waited_for=cause.waited_for, detail=cause.detail,
+            )  # fmt: skip
         elif silent_deaths:
             index = silent_deaths[0]
-            code = self.processes[index].exitcode
-            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            reason, detail = f"stage {self.names[index]} died ({how})", None
-        elif errors:
-            _, index, text, detail = errors[0]
-            reason = f"stage {self.names[index]} failed: {text}"
+            code = self.processes[index].exitcode if self.processes else None
+            how = "its link broke" if code is None else f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            error = StageError(f"stage {self.names[index]} died ({how})", stage=index, kind="died")
         else:
             index = next(i for i, p in enumerate(self.processes) if p.exitcode is not None)
-            reason, detail = f"stage {self.names[index]} exited unexpectedly (exit code {self.processes[index].exitcode})", None
+            code = self.processes[index].exitcode
+            error = StageError(f"stage {self.names[index]} exited unexpectedly (exit code {code})", stage=index,
+                               kind="died")  # fmt: skip
         self.close()
-        error = StageError(reason)
-        error.detail = detail
         raise error
 
-    def _receive(self, deadline: float, doing: str, waiting_for=lambda: "the stages") -> tuple[int, tuple]:
+    def _receive(self, deadline: float, doing: str, waiting_for=lambda: "the stages"):
         """The next message for the driver; stage errors, deaths and the deadline raise StageError."""
-        from pipespec.transport import LINK_BROKEN
-
         while True:
             item = self.transport.receive(0.1)
             if item is None:
                 self._check_processes()
                 if time.monotonic() > deadline:
                     self.close()
-                    raise StageError(f"no answer from {waiting_for()} while {doing}: stopped responding")
+                    raise StageError(f"no answer from {waiting_for()} while {doing}: stopped responding",
+                                     kind="no_answer")  # fmt: skip
                 continue
-            sender, message = item
-            if message[0] == "error":
-                self._diagnose_and_fail([message])
-            if message[0] == LINK_BROKEN:
-                self._diagnose_and_fail([("error", sender - 1, f"lost the link: {message[1]}", None)])
-            return sender, message
+            failure = _as_failure(*item)
+            if failure is not None:
+                self._diagnose_and_fail([failure])
+            return item[1]
 
     # ---- generation -------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
-        ids = [int(t) for t in prompt]
+        ids = _prompt_ids(prompt)
         vocab = len(self.tokenizer)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ConfigError(f"prompt ids {bad[:5]} are outside the vocabulary (size {vocab})")
         return ids
 
-    def generate(
+    @contextlib.contextmanager
+    def _turn(self, timeout_s: float | None = None):
+        """Hold the pipeline for one call (or a start); other threads wait for their turn."""
+        if not self._calls.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise StageError(f"no turn within timeout_s={timeout_s}: other calls held the pipeline", kind="no_answer")
+        owner, self._call_owner = self._call_owner, threading.get_ident()
+        try:
+            yield
+        finally:
+            self._call_owner = owner
+            self._calls.release()
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **options) -> GenerationResult:
+        """Generate up to `max_new_tokens` after `prompt`; `options` (strategy, lookahead, max_lead,
+        draft_confidence, timeout_s, sampling, acceptance) left None take the pipeline's defaults.
+
+        Safe from several threads: calls are served one at a time, each exactly as if it were alone
+        (`timeout_s` also bounds the wait for its turn). `submit` queues calls instead."""
+        with self._turn(options.get("timeout_s")):
+            result = self._generate(prompt, max_new_tokens, **options)
+            if self._terminating:  # the launcher stops the job: another rank failed
+                raise StageError("the launcher (torchrun) is stopping this job: another rank failed", kind="died")
+            return result
+
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **options) -> Future:
+        """Queue a `generate` call; one worker thread serves the queue in submission order. The returned
+        `concurrent.futures.Future` holds the GenerationResult, or the call's exception. `close()` cancels
+        the calls still queued."""
+        with self._submit_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipespec-submit")
+            return self._executor.submit(self.generate, prompt, max_new_tokens, **options)
+
+    def _generate(
         self,
         prompt: str | Sequence[int],
         max_new_tokens: int = 128,
@@ -341,7 +478,7 @@ class Pipeline:
         max_lead: int | None = None,
         draft_confidence: float | None = None,
         timeout_s: float | None = None,
-        fault: dict | None = None,
+        faults=None,
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -349,8 +486,9 @@ class Pipeline:
         acceptance: str | None = None,
         synthetic_rates: float | Sequence[float] | None = None,
     ) -> GenerationResult:
-        """Generate up to `max_new_tokens` after `prompt`; options left None take the pipeline's defaults."""
-        from pipespec.stage import Job
+        """Generate up to `max_new_tokens` after `prompt`; options left None take the pipeline's defaults.
+
+        `faults` is for tests only: a `pipespec.faults.FaultPlan` the named stage acts on."""
 
         def pick(value, default):
             return default if value is None else value
@@ -385,37 +523,39 @@ class Pipeline:
             self.start()
         self._request += 1
         job = Job(
-            self._request, prompt_ids, max_new_tokens, self.eos_ids, stage_roles, self.stall_timeout_s,
-            self.names, fault, sampling=sampling, acceptance=acceptance,
-        )
+            request=self._request, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids,
+            roles=stage_roles, stall_timeout_s=self.stall_timeout_s, stage_names=self.names, sampling=sampling,
+            acceptance=acceptance, faults=faults,
+        )  # fmt: skip
         active = [i for i, role in enumerate(stage_roles) if role.active]
         started = time.perf_counter()
         self._check_processes()
         for i in active:
             try:
-                self.transport.send(i + 1, ("generate", job))
+                self.transport.send(i + 1, Generate(job))
             except ConnectionError as error:
-                self._diagnose_and_fail([("error", i, str(error), None)])
+                self._diagnose_and_fail([Failed(i, "lost_link", str(error))])
         deadline = time.monotonic() + (timeout_s or float("inf"))
         traces: dict[int, StageTrace] = {}
-        output = None
+        output, margins = None, None
         target = len(self.specs) - 1
         while output is None or len(traces) < len(active):
-            _, message = self._receive(
+            message = self._receive(
                 deadline,
                 f"generating (request {job.request})",
                 lambda: ", ".join(
                     f"stage {self.names[i]}" for i in active if i not in traces or (i == target and output is None)
                 ),
             )
-            if message[0] == "result" and message[2] == job.request:
-                output = message[3]
+            if isinstance(message, Result) and message.request == job.request:
+                output = message.tokens
+                margins = message.margins
                 elapsed = time.perf_counter() - started
                 # every stage reports at once when told the target is done; one that does not is stuck
                 deadline = min(deadline, time.monotonic() + self.stall_timeout_s)
-            elif message[0] == "trace" and message[2] == job.request:
-                traces[message[1]] = StageTrace.from_dict(message[3])
-                if message[1] == target and output is None:  # its result follows at once: a lost one must not hang
+            elif isinstance(message, Trace) and message.request == job.request:
+                traces[message.stage] = StageTrace.from_dict(message.trace)
+                if message.stage == target and output is None:  # its result follows at once: a lost one must not hang
                     deadline = min(deadline, time.monotonic() + self.stall_timeout_s)
         return GenerationResult(
             tokens=output,
@@ -428,5 +568,6 @@ class Pipeline:
             acceptance=acceptance.mode,
             synthetic_rates=list(acceptance.rates) if acceptance.mode == "synthetic" else None,
             # a test's deliberately wrong rule is not lossless either
-            lossless=acceptance.lossless and (fault or {}).get("action") != "accept_drafts",
+            lossless=acceptance.lossless and (faults is None or faults.lossless),
+            margins=margins,
         )

@@ -3,7 +3,10 @@
 A run's greedy reference is a greedy run of the same target, dataset and budget
 among the collected ones (the one in the same multirun first); identical counts
 and speedups are computed over the samples both runs hold; a sampled run (temperature > 0)
-gets no identical count, as in its summary. Pure Python (no torch).
+gets no identical count, as in its summary. The target's columns are computed from its counts
+(`pipespec.stats.StageStats`): `target_draft_acceptance_rate` = accepted / offered drafts,
+`target_mean_acceptance_length` = tokens appended per verification (accepted + 1).
+Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from pipespec.results import (
     summarize_run,
     target_key,
 )
+from pipespec.stats import StageStats, ratio
 
 COLUMNS = (
     "run", "models", "strategy", "lookahead", "dataset", "n_samples", "new_tokens", "ms_per_token",
-    "tokens_per_s", "speedup_vs_greedy", "identical_to_greedy", "target_acceptance",
-    "target_accepted_per_verify", "target_busy", "complete",
+    "tokens_per_s", "speedup_vs_greedy", "identical_to_greedy", "target_draft_acceptance_rate",
+    "target_mean_acceptance_length", "target_accepted_per_verify", "target_busy", "complete",
 )  # fmt: skip
 
 
@@ -66,7 +70,8 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             comparison["identical_to_greedy"] = None  # as refresh_reference: sampled outputs match in distribution only
         if is_greedy_reference(run["config"]):
             comparison = {"identical_to_greedy": "(reference)", "speedup_vs_greedy": 1.0}
-        target = summary["stages"][-1] if summary["stages"] else {}
+        target_dict = summary["stages"][-1] if summary["stages"] else {}
+        target = StageStats.from_dict(target_dict)  # old summaries too: their counts are there
         rows.append(
             {
                 "run": str(run["dir"]),
@@ -80,9 +85,11 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
                 "tokens_per_s": summary["tokens_per_s"],
                 "speedup_vs_greedy": comparison["speedup_vs_greedy"],
                 "identical_to_greedy": comparison["identical_to_greedy"],
-                "target_acceptance": target.get("acceptance_rate"),
-                "target_accepted_per_verify": target.get("mean_accepted_per_verify"),
-                "target_busy": target.get("busy_fraction"),
+                "target_draft_acceptance_rate": target.draft_acceptance_rate,  # accepted / offered drafts
+                "target_mean_acceptance_length": target.mean_acceptance_length,  # accepted per verification + 1
+                "target_accepted_per_verify": ratio(target.accepted, target.verify_steps),
+                # summaries written before StageStats hold the fraction but not its times
+                "target_busy": target.busy_fraction if target.wall_s else target_dict.get("busy_fraction"),
                 "complete": summary.get("complete"),
             }
         )

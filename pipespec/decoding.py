@@ -20,6 +20,7 @@ class Step(NamedTuple):
     fed: int  # tokens fed to the model
     probs: object  # torch.Tensor of accepted + 1 rows when sampling (what each emitted token follows), else None
     confidence: list[float] | None = None  # the stage's own probability of each emitted token, when asked for
+    margins: list[float] | None = None  # top-2 logit margin of the row that decided each emitted token, when asked
 
 
 GREEDY_RULE = VerifyRule()
@@ -32,12 +33,16 @@ def model_step(
     draft_dists: Sequence[TokenDist] | None = None,
     rule: VerifyRule = GREEDY_RULE,
     with_confidence: bool = False,
+    with_margins: bool = False,
 ) -> Step:
     """Verify `drafts` after `sequence` with `rule`.
 
     Afterwards the cache holds `sequence + drafts[:accepted]`; the own token is pending.
     `with_confidence`: also return the stage's own probability of each emitted token (the
     distribution it samples from, or the softmax of its logits when greedy).
+    `with_margins`: also return, for each emitted token, the gap between the two largest logits
+    of the row that decided it (how near a tie the argmax was: `pipespec.results` classifies
+    fp16 mismatches with it).
     """
     fed = len(sequence) - runner.cache_length + len(drafts)
     logits = runner.forward(sequence, drafts)
@@ -50,7 +55,16 @@ def model_step(
         emitted = list(drafts[: verdict.accepted]) + [verdict.token]
         rows = verdict.probs if verdict.probs is not None else logits[: len(emitted)].float().softmax(-1)
         confidence = [float(rows[i, token]) for i, token in enumerate(emitted)]
-    return Step(verdict.accepted, verdict.token, fed, verdict.probs, confidence)
+    margins = top2_margins(logits[: verdict.accepted + 1]) if with_margins else None
+    return Step(verdict.accepted, verdict.token, fed, verdict.probs, confidence, margins)
+
+
+def top2_margins(logits) -> list[float]:
+    """Largest minus second largest logit of each row (inf for a one-token vocabulary)."""
+    if logits.shape[-1] < 2:
+        return [float("inf")] * logits.shape[0]
+    top = logits.topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
 
 
 def is_finished(generated: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]) -> bool:

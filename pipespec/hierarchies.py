@@ -1,4 +1,4 @@
-"""Named model hierarchies, read from `conf/models/*.yaml` (the one place they are defined).
+"""Named model hierarchies, read from `pipespec/conf/models/*.yaml` (the one place they are defined).
 
 Two model aliases need no hub: `smollm2` is the directory `pipespec.prepare`
 builds offline from the SmolLM2 PyPI package, and `tiny:NAME` a tiny random
@@ -14,10 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pipespec.conf import CONF_DIR
 from pipespec.errors import ConfigError
 from pipespec.models import StageSpec
 
-CONF_MODELS = Path(__file__).resolve().parent.parent / "conf" / "models"
+CONF_MODELS = CONF_DIR / "models"
 TINY_DRAFT_NOISE = (0.3, 0.05)  # the tiny drafts, in build order (their weights depend on it)
 
 

@@ -20,7 +20,8 @@ from typing import Any, Mapping, Sequence
 
 from pipespec.errors import ConfigError
 
-KINDS = ("hf", "prompt_lookup")
+KINDS = ("hf", "prompt_lookup", "suffix")
+MODEL_FREE_KINDS = ("prompt_lookup", "suffix")  # drafters without a model: pipespec.drafters
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = (None, "int8-dynamic", "nf4")
 
@@ -37,7 +38,13 @@ class StageSpec:
     name: str | None = None
     threads: int = 1
     ngram_size: int = 3  # prompt_lookup: longest n-gram to match
-    max_proposal: int = 8  # prompt_lookup: most tokens proposed per step
+    max_proposal: int = 8  # prompt_lookup, suffix: most tokens proposed per step
+    max_depth: int = 8  # suffix: longest suffix matched (and n-gram depth indexed)
+    min_match: int = 1  # suffix: shortest suffix match that may propose
+    min_count: int = 1  # suffix: stop where the continuation was seen fewer times
+    confidence: float = 0.0  # suffix: stop once the product of continuation shares falls below (0 = off)
+    max_index_tokens: int = 65536  # suffix: tokens of earlier outputs + corpus kept (oldest outputs evicted)
+    corpus: list | None = None  # suffix: files or folders (.py/.txt/.md) tokenized with `model`'s tokenizer
     extra: dict = field(default_factory=dict)  # passed to from_pretrained (e.g. device_map)
     params_b: float | None = None  # declared size in billions: plan mode's estimate when weights are not local
 
@@ -69,6 +76,8 @@ class StageSpec:
             return self.name
         if self.kind == "prompt_lookup":
             return f"prompt_lookup(n={self.ngram_size})"
+        if self.kind == "suffix":
+            return f"suffix(depth={self.max_depth})"
         base = Path(str(self.model)).name or str(self.model)
         return f"{base}[{self.quantize}]" if self.quantize else base
 
@@ -89,28 +98,147 @@ class StageSpec:
                 raise ConfigError("quantize 'int8-dynamic' runs on the CPU only: set device: cpu")
             for device in self.devices:
                 _check_device(device, check_devices)
+            if self.quantize == "nf4":
+                _check_nf4(self.devices, check_devices)
             if len(self.devices) > 1 and not all(d.startswith("cuda") for d in self.devices):
                 raise ConfigError(f"a model split over several devices needs CUDA devices, got {self.device!r}")
-        else:
+        elif self.kind == "prompt_lookup":
             if self.ngram_size < 1 or self.max_proposal < 1:
                 raise ConfigError("prompt_lookup needs ngram_size >= 1 and max_proposal >= 1")
+        else:
+            from pipespec.drafters import check_suffix_options
+
+            check_suffix_options(
+                self.max_proposal, self.max_depth, self.min_match, self.min_count, self.confidence, self.max_index_tokens
+            )
+            if self.corpus is not None:
+                if isinstance(self.corpus, str) or not all(isinstance(p, str) for p in self.corpus) or not self.corpus:
+                    raise ConfigError(f"suffix stage option 'corpus' must be a list of paths, got {self.corpus!r}")
+                if not self.model:
+                    raise ConfigError(
+                        "suffix stage option 'corpus' needs 'model': the target, whose tokenizer reads the files"
+                    )
         if self.threads < 1:
             raise ConfigError(f"stage option 'threads' must be >= 1, got {self.threads}")
 
 
+def _check_nf4(devices: Sequence[str], present: bool) -> None:
+    """nf4 (bitsandbytes 4-bit) runs on CUDA devices and needs bitsandbytes where the model is loaded."""
+    if not all(d.startswith("cuda") or d == "auto" for d in devices):
+        raise ConfigError(f"quantize 'nf4' needs CUDA devices, got device {','.join(devices)!r}")
+    if present:
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError("quantize 'nf4' needs bitsandbytes, which is not installed: pip install '.[gpu]'")
+
+
 def _check_device(device: str, present: bool = True) -> None:
     kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda", "auto") or (index and not index.isdigit()):
+    if kind not in ("cpu", "cuda", "auto") or (index and not index.isdigit()) or (kind == "auto" and index):
         raise ConfigError(
             f"stage option 'device' must be 'cpu', 'cuda[:N]', 'auto' or a list 'cuda:N,cuda:M', got {device!r}"
         )
     if kind == "cuda" and present:
         import torch
 
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise ConfigError(
+                f"device {device!r} is not present: this torch ({torch.__version__}) is a CPU-only build; "
+                "install a CUDA build of torch"
+            )
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {device!r} is not present: CUDA is not available (torch {torch.__version__} is built for CUDA "
+                f"{torch.version.cuda}, but finds no usable GPU or driver)"
+            )
         count = torch.cuda.device_count()
         wanted = int(index) if index else 0
         if wanted >= count:
             raise ConfigError(f"device {device!r} is not present (this machine has {count} CUDA device(s))")
+
+
+def place_devices(devices: Sequence[str], n_gpus: int) -> list[str]:
+    """Resolve `auto` stage devices: one whole GPU per auto stage, never one another stage names.
+
+    `devices` holds each stage's `device` option in stage order. Auto stages take, in stage
+    order, the GPUs no explicitly placed stage names (cuda:0 first); more auto stages than
+    such GPUs share them round-robin, a whole GPU each (a stage is never spread over several
+    GPUs). With no GPU at all, auto is the CPU. A pure function of the stage list and the GPU
+    count, so the driver and every stage process (external launch) reach the same placement.
+    """
+    named = {int(d.partition(":")[2] or 0) for device in devices for d in device.split(",") if d.strip().startswith("cuda")}
+    free = [i for i in range(n_gpus) if i not in named]
+    placed, auto_seen = [], 0
+    for stage, device in enumerate(devices):
+        if device != "auto":
+            placed.append(device)
+            continue
+        if n_gpus == 0:
+            placed.append("cpu")
+        elif not free:
+            raise ConfigError(
+                f"stage {stage} has device 'auto' but every one of the {n_gpus} GPU(s) is named by another stage: "
+                "name its device explicitly"
+            )
+        else:
+            placed.append(f"cuda:{free[auto_seen % len(free)]}")
+            auto_seen += 1
+    return placed
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process can use (0 with a CPU-only torch)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def assign_devices(specs: Sequence[StageSpec], n_gpus: int | None = None) -> list[StageSpec]:
+    """The specs with `auto` devices resolved by `place_devices` (and checked again where resolved)."""
+    from dataclasses import replace
+
+    if not any(spec.device == "auto" for spec in specs):
+        return list(specs)
+    placed = place_devices([spec.device for spec in specs], visible_gpus() if n_gpus is None else n_gpus)
+    out = []
+    for spec, device in zip(specs, placed):
+        if device != spec.device:
+            spec = replace(spec, device=device)
+            spec.validate(n_gpus is None)
+        out.append(spec)
+    return out
+
+
+def load_kwargs(spec: StageSpec, dtype, total_memory=None) -> dict[str, Any]:
+    """from_pretrained's placement arguments: straight onto one device, or split over the listed GPUs.
+
+    A single CUDA device gets `device_map={"": device}`: the weights are read onto that GPU,
+    not through host RAM or GPU 0. `total_memory(i)` gives GPU i's bytes (for a split)."""
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    devices = spec.devices
+    if len(devices) == 1 and devices[0].startswith("cuda"):
+        kwargs["device_map"] = {"": cuda_device(devices[0])}
+    elif len(devices) > 1:
+        # split over the listed GPUs only: accelerate places layers on the devices max_memory names
+        kwargs["device_map"] = "auto"
+        wanted = sorted({int(d.partition(":")[2] or 0) for d in devices})
+        kwargs["max_memory"] = {i: total_memory(i) for i in wanted}
+    return kwargs
+
+
+def cuda_device(device: str) -> str:
+    """'cuda' is 'cuda:0': a stage always names the GPU it binds."""
+    return device if ":" in device else f"{device}:0"
+
+
+def bind_device(spec: StageSpec) -> None:
+    """Make the stage's (first) GPU this process's current device: no context or allocation lands on GPU 0."""
+    first = spec.devices[0]
+    if first.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(torch.device(cuda_device(first)))
 
 
 def is_local_path(model: str) -> bool:
@@ -169,20 +297,16 @@ def load_model(spec: StageSpec):
 
     hf_logging.disable_progress_bar()  # stage processes load quietly; their bars only interleave with the run's
     path = resolve_model_path(spec.model)
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, spec.dtype)}
+    if spec.device == "auto":  # not placed by the driver (a direct call): one whole GPU, or the CPU
+        spec = assign_devices([spec])[0]
+    bind_device(spec)
+    kwargs = load_kwargs(spec, getattr(torch, spec.dtype), lambda i: torch.cuda.get_device_properties(i).total_memory)
     if spec.quantize == "nf4":
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=getattr(torch, spec.dtype)
         )
-    if spec.device == "auto":
-        kwargs["device_map"] = "auto"
-    elif len(spec.devices) > 1:
-        # split over the listed GPUs only: accelerate places layers on the devices max_memory names
-        kwargs["device_map"] = "auto"
-        wanted = sorted({int(d.partition(":")[2] or 0) for d in spec.devices})
-        kwargs["max_memory"] = {i: torch.cuda.get_device_properties(i).total_memory for i in wanted}
     kwargs.update(spec.extra)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -281,24 +405,3 @@ class CausalLMRunner:
         """The cache's own idea of its length (tests compare it with `cache_length`)."""
         return self.cache.get_seq_length() if self.cache is not None else 0
 
-
-class PromptLookup:
-    """A model-free drafter: continue the latest earlier occurrence of the sequence's last n-gram."""
-
-    def __init__(self, ngram_size: int = 3, max_proposal: int = 8):
-        self.ngram_size = ngram_size
-        self.max_proposal = max_proposal
-
-    def propose(self, sequence: Sequence[int], limit: int) -> list[int]:
-        limit = min(limit, self.max_proposal)
-        if limit <= 0:
-            return []
-        for n in range(min(self.ngram_size, len(sequence) - 1), 0, -1):
-            tail = list(sequence[-n:])
-            # search right to left for the latest earlier match
-            for start in range(len(sequence) - n - 1, -1, -1):
-                if list(sequence[start : start + n]) == tail:
-                    follow = list(sequence[start + n : start + n + limit])
-                    if follow:
-                        return follow
-        return []

@@ -17,10 +17,11 @@ microseconds. `pipespec.stage` says how distributions travel with drafts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from pipespec.verify import Acceptance, Sampling
+if TYPE_CHECKING:  # this module stays torch-free: the simulator and analysis import it
+    from pipespec.verify import Acceptance, Sampling
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class Job:
     roles: list[Role]
     stall_timeout_s: float
     stage_names: list[str]
-    sampling: Sampling = Sampling()
-    acceptance: Acceptance = Acceptance()
+    sampling: "Sampling"
+    acceptance: "Acceptance"
     faults: Any = None  # tests only: a `pipespec.faults.FaultPlan`; production code never sets it
 
 
@@ -83,7 +84,7 @@ class Result:
     stage: int
     request: int
     tokens: list[int]
-    extra: dict = field(default_factory=dict)  # per-request facts the target reports beside its tokens
+    margins: list[float] | None = None  # the target's top-2 logit margin at each token (identity classification)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class Commit:
 @dataclass(frozen=True)
 class Done:
     request: int
+    tokens: list[int] | None = None  # the target's final output (a suffix drafter indexes it)
 
 
 @dataclass(frozen=True)

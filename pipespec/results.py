@@ -7,7 +7,7 @@ A run directory holds
     samples.jsonl        one record per finished sample (see RECORD_KEYS), appended and fsynced
     traces/NNNNN.json.gz the full stage traces of sample NNNNN (pipespec.trace format)
     summary.json         pooled figures of the run (see `summarize_run`), rewritten atomically
-    gpu.jsonl            NVML samples every 100 ms (GPU machines only)
+    gpu.csv              NVML samples of the driver's machine every 100 ms (GPU machines only)
 
 A record is appended only after its trace file is in place, and a line that is
 not complete JSON (a run killed while writing it) is dropped when the run is
@@ -33,10 +33,15 @@ import os
 import re
 import tempfile
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
+
+from pipespec.gpu import pool_gpu_figures
+
+from pipespec.stats import StageStats, pool, ratio
 
 SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
@@ -308,42 +313,18 @@ def _natural_key(path: Path) -> tuple:
 # ---- summaries ----------------------------------------------------------------
 
 
-def _ratio(numerator: float, denominator: float) -> float | None:
-    return numerator / denominator if denominator else None
+def stage_stats(record: Mapping[str, Any]) -> list[StageStats]:
+    """Per-stage statistics of one sample record (records of earlier versions included)."""
+    return [replace(StageStats.from_dict(s), output_tokens=record["new_tokens"]) for s in record["stages"]]
 
 
 def pool_stages(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per-stage figures pooled over samples (sums of counts and times, not means of ratios)."""
     if not records:
         return []
-    pooled = []
-    for stage in range(len(records[0]["stages"])):
-        rows = [r["stages"][stage] for r in records]
-        offered = sum(s["offered"] for s in rows)
-        accepted = sum(s["accepted"] for s in rows)
-        verify_steps = sum(s["verify_steps"] for s in rows)
-        single_steps = sum(s["single_steps"] for s in rows)
-        steps = sum(s["steps"] for s in rows)
-        busy = sum(s["busy_time_s"] for s in rows)
-        wall = sum(s["wall_time_s"] for s in rows)
-        pooled.append(
-            {
-                "name": rows[0]["name"],
-                "acceptance_rate": _ratio(accepted, offered),
-                "mean_accepted_per_verify": _ratio(accepted, verify_steps),
-                "mean_offered_per_verify": _ratio(offered, verify_steps),
-                "verify_fraction": _ratio(verify_steps, verify_steps + single_steps),
-                "busy_fraction": _ratio(busy, wall),
-                "offered": offered,
-                "accepted": accepted,
-                "steps": steps,
-                "verify_steps": verify_steps,
-                "mean_step_ms": _ratio(1000 * busy, steps),
-                "rollbacks": sum(s["rollbacks"] for s in rows),
-                "rollback_tokens": sum(s["rollback_tokens"] for s in rows),
-            }
-        )
-    return pooled
+    per_sample = [stage_stats(r) for r in records]
+    names = [s["name"] for s in records[0]["stages"]]
+    return [pool(stats[i] for stats in per_sample).as_dict(name) for i, name in enumerate(names)]
 
 
 def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]], complete: bool) -> dict[str, Any]:
@@ -370,12 +351,14 @@ def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]
         "sampling": config.get("sampling"),
         "synthetic_rate": (config.get("acceptance") or {}).get("rate") if acceptance_mode(config) != "exact" else None,
         "total_time_s": total_time,
-        "ms_per_token": _ratio(1000 * total_time, tokens),
-        "tokens_per_s": _ratio(tokens, total_time),
+        "ms_per_token": ratio(1000 * total_time, tokens),
+        "tokens_per_s": ratio(tokens, total_time),
         "truncated_prompts": sum(bool(r.get("truncated")) for r in records),
         "stages": stages,
         "quality": pool_quality(records),
+        "gpu": pool_gpu_figures(records),  # per GPU: utilisation, peak memory, power, energy per token; None on CPU
         "identical_to_greedy": None,
+        "identity": None,  # identical / near_tie / unexplained against the greedy reference (`classify_identity`)
         "speedup_vs_greedy": None,
         "reference_run": None,
         "complete": complete,
@@ -459,18 +442,100 @@ def compare_with_reference(records: Sequence[Mapping], reference_records: Sequen
     if not common:
         return {"identical_to_greedy": None, "speedup_vs_greedy": None}
     identical = sum(r["output_ids"] == by_id[r["sample_id"]]["output_ids"] for r in common)
-    mine = _ratio(sum(r["time_s"] for r in common), sum(r["new_tokens"] for r in common))
-    theirs = _ratio(
+    mine = ratio(sum(r["time_s"] for r in common), sum(r["new_tokens"] for r in common))
+    theirs = ratio(
         sum(by_id[r["sample_id"]]["time_s"] for r in common), sum(by_id[r["sample_id"]]["new_tokens"] for r in common)
     )
     return {
         "identical_to_greedy": f"{identical}/{len(common)}",
-        "speedup_vs_greedy": _ratio(theirs, mine) if mine and theirs else None,
+        "speedup_vs_greedy": ratio(theirs, mine) if mine and theirs else None,
+    }
+
+
+# ---- identity classes ------------------------------------------------------------------
+#
+# On a GPU, verifying n tokens in fp16 runs other kernels than a one-token step: the
+# logits differ in the last bits, and an argmax flips where the two largest logits nearly
+# tie. A mismatch with greedy is then numerical, not a bug. The target records the top-2
+# margin of the row that decided each token it emits (`target_margins` of a record); a
+# mismatch whose margin at the first diverging position is below the near-tie threshold
+# (in both runs, where both recorded it) is "near_tie", any other "unexplained".
+
+DTYPE_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}  # machine epsilon (ulp at 1.0)
+NEAR_TIE_EPS_UNITS = 4  # ulps: a few roundings' worth of disagreement between two kernels
+LOGIT_SCALE = 32.0  # |top logit| of LLaMA-class models stays below ~32: the ulp there bounds the noise
+
+
+def near_tie_threshold(dtype: str, eps_units: float = NEAR_TIE_EPS_UNITS, logit_scale: float = LOGIT_SCALE) -> float:
+    """The top-2 margin below which a flip is numerical noise: `eps_units` ulps of a logit of size
+    `logit_scale` in `dtype` (float16: 4 x 2^-10 x 32 = 0.125; bfloat16: 1.0; float32: 1.5e-5)."""
+    if dtype not in DTYPE_EPS:
+        raise ValueError(f"no near-tie threshold for dtype {dtype!r}; expected one of {sorted(DTYPE_EPS)}")
+    return eps_units * DTYPE_EPS[dtype] * logit_scale
+
+
+def run_near_tie_threshold(config: Mapping[str, Any]) -> float:
+    """`run.near_tie_margin` if set, else the threshold of the target's dtype."""
+    explicit = (config.get("run") or {}).get("near_tie_margin")
+    if explicit is not None:
+        return float(explicit)
+    return near_tie_threshold(config["models"]["stages"][-1].get("dtype", "float32"))
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two outputs differ (a prefix differs at the shorter's end); None if equal."""
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _margin_at(record: Mapping[str, Any], position: int) -> float | None:
+    margins = record.get("target_margins")
+    return float(margins[position]) if isinstance(margins, list) and position < len(margins) else None
+
+
+def classify_mismatch(record: Mapping, reference: Mapping, threshold: float) -> dict[str, Any] | None:
+    """None for identical outputs; else where they diverge, both margins there, and the class."""
+    position = first_divergence(record["output_ids"], reference["output_ids"])
+    if position is None:
+        return None
+    margin, reference_margin = _margin_at(record, position), _margin_at(reference, position)
+    known = [m for m in (margin, reference_margin) if m is not None]
+    near = margin is not None and all(m < threshold for m in known)  # old records without margins: unexplained
+    tokens, ref_tokens = record["output_ids"], reference["output_ids"]
+    return {
+        "sample_id": record["sample_id"],
+        "position": position,
+        "margin": margin,
+        "reference_margin": reference_margin,
+        "token": tokens[position] if position < len(tokens) else None,
+        "reference_token": ref_tokens[position] if position < len(ref_tokens) else None,
+        "class": "near_tie" if near else "unexplained",
+    }
+
+
+def classify_identity(
+    records: Sequence[Mapping], reference_records: Sequence[Mapping], threshold: float
+) -> dict[str, Any] | None:
+    """identical / near_tie / unexplained counts over the samples both runs hold, and every mismatch."""
+    by_id = {r["sample_id"]: r for r in reference_records}
+    common = [r for r in records if r["sample_id"] in by_id]
+    if not common:
+        return None
+    mismatches = [m for r in common if (m := classify_mismatch(r, by_id[r["sample_id"]], threshold)) is not None]
+    near = sum(m["class"] == "near_tie" for m in mismatches)
+    return {
+        "identical": len(common) - len(mismatches),
+        "near_tie": near,
+        "unexplained": len(mismatches) - near,
+        "near_tie_threshold": threshold,
+        "mismatches": mismatches,
     }
 
 
 def refresh_reference(run_dir: Path, reference_run: str | None = None) -> dict | None:
-    """Fill summary.json's identical_to_greedy / speedup_vs_greedy from its greedy reference, if one exists."""
+    """Fill summary.json's identical_to_greedy, identity and speedup_vs_greedy from its greedy reference."""
     run_dir = Path(run_dir)
     summary, config = read_summary(run_dir), read_config(run_dir)
     reference = find_greedy_reference(run_dir, config, reference_run or summary.get("reference_run"))
@@ -479,8 +544,10 @@ def refresh_reference(run_dir: Path, reference_run: str | None = None) -> dict |
     records, _ = read_records(run_dir)
     reference_records, _ = read_records(reference)
     summary.update(compare_with_reference(records, reference_records))
+    summary["identity"] = classify_identity(records, reference_records, run_near_tie_threshold(config))
     if (config.get("sampling") or {}).get("temperature", 0):
         summary["identical_to_greedy"] = None  # sampled outputs are equal in distribution, not token by token
+        summary["identity"] = None
     summary["reference_run"] = str(reference)
     atomic_write_json(run_dir / SUMMARY, summary)
     return summary

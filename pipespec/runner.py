@@ -2,7 +2,7 @@
 
     summary = run_experiment(config, run_dir)
 
-`config` is a plain mapping shaped like the composed `conf/config.yaml` (models,
+`config` is a plain mapping shaped like the composed `pipespec/conf/config.yaml` (models,
 strategy, dataset, max_new_tokens, acceptance, run); Hydra is only the entry
 point (`experiments/run.py`), so this module works without it. The run:
 
@@ -22,17 +22,15 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from pipespec.errors import ConfigError
-from pipespec.results import RunStore, ResultsError, refresh_reference, summarize_run
-
-GPU_QUERY = "timestamp,index,name,utilization.gpu,memory.used,memory.total,power.draw"
+from pipespec.gpu import GpuMonitor, gpu_facts, sample_gpu_figures
+from pipespec.results import RunStore, ResultsError, refresh_reference, stage_stats, summarize_run
+from pipespec.stats import StageStats, pool
 
 
 class RunError(RuntimeError):
@@ -71,7 +69,8 @@ def cpu_info() -> dict[str, Any]:
 
 
 def environment(specs) -> dict[str, Any]:
-    """Library versions, CPU and GPU names, thread counts: what a reader needs to compare runs."""
+    """Library versions, CPU and GPU names, CUDA / driver / bitsandbytes versions (None where absent),
+    thread counts: what a reader needs to compare runs."""
     import torch
     import transformers
 
@@ -85,34 +84,10 @@ def environment(specs) -> dict[str, Any]:
         "cpu": cpu["name"],
         "cpu_info": cpu,
         "cpu_count": os.cpu_count(),
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        **gpu_facts(),  # gpus, cuda, driver, bitsandbytes, ...
         "threads_per_stage": [spec.threads for spec in specs],
+        "devices_per_stage": [spec.device for spec in specs],
     }
-
-
-class GpuMonitor:
-    """NVML samples (utilisation, memory, power per GPU) every 100 ms into gpu.csv, via nvidia-smi."""
-
-    def __init__(self, path: Path):
-        self.path, self.process, self.handle = path, None, None
-
-    def __enter__(self):
-        if shutil.which("nvidia-smi"):
-            self.handle = open(self.path, "w")
-            self.handle.write(GPU_QUERY + "\n")
-            self.handle.flush()
-            self.process = subprocess.Popen(
-                ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
-                stdout=self.handle,
-                stderr=subprocess.DEVNULL,
-            )
-        return self
-
-    def __exit__(self, *exc):
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(5)
-            self.handle.close()
 
 
 # ---- per sample ---------------------------------------------------------------------
@@ -147,6 +122,10 @@ def sample_record(index: int, sample, prompt_text: str, prompt_ids, truncated: b
         "sampling": result.sampling,
         "acceptance": result.acceptance,
         "quality": quality,
+        # the target's top-2 logit margin at each output token: classifies mismatches with greedy
+        "target_margins": result.margins,
+        # per GPU the stages ran on: this sample's utilisation, peak memory, power, energy (None on CPU)
+        "gpu": sample_gpu_figures([t.to_dict() for t in result.stage_traces]),
     }
 
 
@@ -211,6 +190,7 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
         max_lead=strategy.get("max_lead", 8),
         draft_confidence=strategy.get("draft_confidence", 0.0),
         stall_timeout_s=options.get("stall_timeout_s", 30),
+        start_timeout_s=options.get("start_timeout_s", 600),
         temperature=sampling.get("temperature", 0.0),
         top_k=sampling.get("top_k", 0),
         top_p=sampling.get("top_p", 1.0),
@@ -252,13 +232,12 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
 
 
 def _live_figures(records) -> str:
+    """Progress-bar figures: tokens/s and the target's mean acceptance length so far."""
     tokens = sum(r["new_tokens"] for r in records)
     seconds = sum(r["time_s"] for r in records)
-    last = [r["stages"][-1] for r in records]
-    offered = sum(s["offered"] for s in last)
-    accepted = sum(s["accepted"] for s in last)
-    acceptance = f", target acceptance {accepted / offered:.2f}" if offered else ""
-    return f"{tokens / seconds:.1f} tok/s{acceptance}"
+    target = pool(stage_stats(r)[-1] for r in records)
+    length = target.mean_acceptance_length
+    return f"{tokens / seconds:.1f} tok/s" + (f", target mean acceptance length {length:.2f}" if length else "")
 
 
 def format_run(summary: Mapping[str, Any]) -> str:
@@ -275,12 +254,13 @@ def format_run(summary: Mapping[str, Any]) -> str:
         f"  {fmt(summary['ms_per_token'])} ms/token, {fmt(summary['tokens_per_s'])} tokens/s; "
         f"identical to greedy: {summary['identical_to_greedy'] or '-'}; "
         f"speedup vs greedy: {fmt(summary['speedup_vs_greedy'])}",
-        f"  {'stage':<24}{'acceptance':>11}{'acc/verify':>11}{'verify frac':>12}{'busy':>7}",
+        f"  {'stage':<24}{'mean acc. len':>14}{'draft acc. rate':>16}{'verify frac':>12}{'busy':>7}",
     ]
     for stage in summary["stages"]:
+        stats = StageStats.from_dict(stage)
         lines.append(
-            f"  {stage['name'][:23]:<24}{fmt(stage['acceptance_rate']):>11}{fmt(stage['mean_accepted_per_verify']):>11}"
-            f"{fmt(stage['verify_fraction']):>12}{fmt(stage['busy_fraction']):>7}"
+            f"  {stage['name'][:23]:<24}{fmt(stats.mean_acceptance_length):>14}{fmt(stats.draft_acceptance_rate):>16}"
+            f"{fmt(stats.verify_fraction):>12}{fmt(stats.busy_fraction):>7}"
         )
     if summary.get("quality"):
         lines.append("  quality: " + ", ".join(f"{k} {v:.3f}" for k, v in summary["quality"].items()))

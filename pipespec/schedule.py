@@ -32,21 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipespec.errors import ConfigError
+from pipespec.protocol import Role
 
 STRATEGIES = ("greedy", "sd", "pipespec")
-
-
-@dataclass(frozen=True)
-class Role:
-    """How one stage behaves in one request."""
-
-    active: bool
-    has_upstream: bool  # verifies drafts of the previous stage
-    is_target: bool
-    min_lead: int | None  # drafts to wait for while the drafter still produces; None: until it stops
-    max_lead: int  # stop producing this many tokens ahead of the next stage's last commit
-    commits_own_steps: bool  # tell the previous stage after each own step (else only forward commits)
-    stop_below: float = 0.0  # stop drafting once the lead's own probability falls below this (0 = off)
+DEFAULT_MAX_LEAD = 8  # the engine's, the runner's and the simulator's default max_lead
 
 
 def check_options(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0) -> None:
@@ -69,15 +58,68 @@ def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_con
     stop = float(draft_confidence)
     last = n_stages - 1
     if strategy == "greedy":
-        idle = Role(False, False, False, None, 0, False)
-        return [idle] * last + [Role(True, False, True, None, 0, True)]
+        return [Role()] * last + [Role(active=True, is_target=True, commits_own_steps=True)]
     if strategy == "sd":
-        first = Role(True, False, False, None, lookahead, False, stop)
-        middle = Role(True, True, False, None, 1, False)
-        target = Role(True, True, True, None, 0, True)
+        first = Role(active=True, max_lead=lookahead, stop_below=stop)
+        middle = Role(active=True, has_upstream=True, max_lead=1)
+        target = Role(active=True, has_upstream=True, is_target=True, commits_own_steps=True)
     else:
         lead = max(max_lead, lookahead)  # a verifier waiting for `lookahead` drafts must be able to get them
-        first = Role(True, False, False, None, lead, False, stop)
-        middle = Role(True, True, False, lookahead, lead, True, stop)
-        target = Role(True, True, True, lookahead, 0, True)
+        first = Role(active=True, max_lead=lead, stop_below=stop)
+        middle = Role(active=True, has_upstream=True, min_lead=lookahead, max_lead=lead, commits_own_steps=True,
+                      stop_below=stop)  # fmt: skip
+        target = Role(active=True, has_upstream=True, is_target=True, min_lead=lookahead, commits_own_steps=True)
     return [first] + [middle] * (n_stages - 2) + [target]
+
+
+# ---- the one schedule decision (the stage loop and the simulator both call it) ----------------
+
+FINISH, IDLE, WAIT, PROPOSE, STEP = "finish", "idle", "wait", "propose", "step"
+
+
+@dataclass(frozen=True)
+class StageView:
+    """What a stage knows when it picks its next action; counts are tokens."""
+
+    generated: int  # its buffer
+    budget: int  # max_new_tokens
+    lead: int  # generated minus the next stage's last commit (0 for the target)
+    finished: bool  # the target: its output is complete; a drafter: it holds an EOS
+    drafts: int = 0  # usable drafts of the previous stage beyond its buffer (cut at room - 1 and at an EOS)
+    upstream_more: bool = False  # the previous stage will produce more without hearing back
+    lead_confidence: float = 1.0  # its own probability that its whole lead survives
+    model_free: bool = False  # proposes without a model (prompt lookup, suffix)
+
+    @property
+    def room(self) -> int:
+        return self.budget - self.generated
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # FINISH | IDLE (wait for a commit) | WAIT (for drafts) | PROPOSE (up to `n`) | STEP (verify `n`)
+    n: int = 0
+
+
+def drafts_wanted(role: Role, room: int) -> int:
+    """How many drafts a verifier waits for while its drafter is still producing."""
+    return room - 1 if role.min_lead is None else min(role.min_lead, room - 1)
+
+
+def next_action(role: Role, view: StageView) -> Action:
+    """A stage's next action from its role and what it knows: the schedule of every strategy."""
+    if role.is_target:
+        if view.finished:
+            return Action(FINISH)
+    elif (
+        view.lead >= role.max_lead
+        or view.room <= 1  # the target verifies at most room - 1 drafts: its own token takes the last place
+        or view.finished
+        or (role.stop_below > 0 and view.lead_confidence < role.stop_below)
+    ):
+        return Action(IDLE)
+    if view.model_free:
+        return Action(PROPOSE, min(view.room - 1, role.max_lead - view.lead))
+    if role.has_upstream and view.upstream_more and view.drafts < drafts_wanted(role, view.room):
+        return Action(WAIT)
+    return Action(STEP, view.drafts)

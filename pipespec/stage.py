@@ -4,21 +4,13 @@ Ranks: 0 is the driver (the user's process), stage i is rank i + 1; stage i
 talks to stage i - 1 (upstream, its drafter) and stage i + 1 (downstream, its
 verifier).
 
-Messages (tuples; every one names the request it belongs to):
-- driver -> stage: ("generate", job), ("shutdown",)
-- downstream: ("drafts", request, buffer, more_coming, commits_seen, dists):
-  the stage's whole generated buffer, whether it will produce more without
-  hearing back, how many commits it has taken in (so a verifier can tell a
-  stale "not coming" from a fresh one), and the distributions of its tokens
-  (None at temperature 0 and under synthetic acceptance, where verifiers need
-  none)
-- upstream: ("commit", request, buffer): the verifier's whole generated buffer;
-  the drafter adopts it (a rollback where they differ, a catch-up where the
-  verifier is ahead) and, if it is a verifier itself, forwards it upstream
-- target -> active stages: ("done", request); stage -> driver: ("trace", ...),
-  ("result", ...) from the target, ("error", ...) from a stage that failed
-Buffers are at most max_new_tokens ids, so sending them whole keeps the
-protocol simple at a cost of microseconds.
+Messages are the typed dataclasses of `pipespec.protocol` (every one names the
+request it belongs to): `Drafts` downstream (the stage's whole buffer, whether
+more is coming, how many commits it has taken in, its distributions), `Commit`
+upstream (the verifier's whole buffer: the drafter adopts it, a rollback where
+they differ, a catch-up where the verifier is ahead, and forwards it upstream),
+`Done` from the target to every active stage, and `Trace`, `Result` and `Failed`
+to the driver. What a stage does next is `pipespec.schedule.next_action`.
 
 Distributions (`pipespec.verify` says what they are and what one costs) are
 sent once each, not with every buffer: `dists` is (floor, offset, list) and
@@ -42,57 +34,42 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pipespec import schedule
 from pipespec.decoding import final_output, is_finished, model_step
-from pipespec.faults import for_request
-from pipespec.models import CausalLMRunner, PromptLookup, StageSpec, load_model
-from pipespec.schedule import Role
+from pipespec.drafters import build_drafter
+from pipespec.gpu import stage_sampler
+from pipespec.models import CausalLMRunner, StageSpec, load_model
+from pipespec.protocol import (
+    Commit, Done, Drafts, Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace, REQUEST_MESSAGES,
+)  # fmt: skip
 from pipespec.trace import StageTrace
-from pipespec.verify import Acceptance, Sampling, TokenDist, VerifyRule, encode_dist, point_mass
+from pipespec.verify import TokenDist, VerifyRule, encode_dist, point_mass
 
 POLL_S = 0.5  # how often a waiting stage checks that its driver is still alive
 DEBUG = bool(os.environ.get("PIPESPEC_DEBUG"))  # log every message and step to stderr
 
 
 class StageFailure(RuntimeError):
-    """A stage cannot go on (a broken link, a stall); the message names the stage."""
+    """A stage cannot go on (a broken link, a stall, a protocol breach); `kind` as in pipespec.errors."""
 
-
-@dataclass
-class Job:
-    request: int
-    prompt_ids: list[int]
-    max_new_tokens: int
-    eos_ids: list[int]
-    roles: list[Role]
-    stall_timeout_s: float
-    stage_names: list[str]
-    # fault injection for tests: {"stage": i, "after_steps": n, "action": "raise"|"exit"|"kill"|"hang"}, or
-    # {"stage": i, "action": "accept_drafts"}: that verifier keeps every draft unchecked (a wrong rule)
-    # {"stage": i, "at_token": n, "action": ...}: fires once its buffer holds >= n tokens (steps or commits)
-    # {"stage": i, "action": "drop"|"delay", "message": kind, ...}: lose or delay messages (pipespec.faults)
-    fault: dict | None = None
-    sampling: Sampling = Sampling()
-    acceptance: Acceptance = Acceptance()
+    def __init__(self, text: str, kind: str, waited_for: int | None = None):
+        super().__init__(text)
+        self.kind, self.waited_for = kind, waited_for
 
 
 class StageEngine:
-    """What a stage computes with: a causal LM runner, or a prompt-lookup drafter."""
+    """What a stage computes with: a causal LM runner, or a model-free drafter (pipespec.drafters)."""
 
     def __init__(self, spec: StageSpec):
         self.spec = spec
-        if spec.kind == "prompt_lookup":
-            self.lookup = PromptLookup(spec.ngram_size, spec.max_proposal)
-            self.runner = None
-        else:
-            self.lookup = None
-            self.runner = CausalLMRunner(load_model(spec))
+        self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
+        self.runner = None if self.lookup is not None else CausalLMRunner(load_model(spec))
+        self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
 
     def start(self) -> None:
         if self.runner is not None:
@@ -116,12 +93,12 @@ class StageRequest:
         self.upstream_rank = self.rank - 1 if self.role.has_upstream else None
         self.downstream_rank = self.rank + 1 if not self.role.is_target else None
         self.name = stage_names[index]
-        fault = job.fault or {}
-        wrong_rule = fault.get("stage") == index and fault.get("action") == "accept_drafts"
-        self.rule = VerifyRule(job.sampling, job.acceptance, index, check_drafts=not wrong_rule)
+        checks = job.faults is None or job.faults.checks_drafts(index)  # tests: a wrong rule on purpose
+        self.rule = VerifyRule(job.sampling, job.acceptance, index, check_drafts=checks)
         self.out: list[int] = []  # this stage's generated buffer (its O_i)
         self.dists: list[TokenDist | None] = []  # beside `out`: the distribution each own token follows
         self.confidence: list[float] = []  # beside `out`: this stage's own probability of each token (1: not its own)
+        self.margins: list[float] = []  # target only, beside `out`: top-2 logit margin that decided each token
         self.dists_unsent_from = 0  # positions from here changed since the last "drafts" message
         self.dists_pruned = 0  # positions below are below the verifier's commit: dropped
         self.upstream_buffer: list[int] = []  # the drafter's buffer as last published
@@ -140,25 +117,25 @@ class StageRequest:
         if DEBUG:
             print(f"[{time.perf_counter():.4f} {self.name}]", *parts, file=sys.stderr, flush=True)
 
-    def handle(self, message: tuple) -> None:
+    def handle(self, message) -> None:
         self.log("got", message)
-        kind = message[0]
-        if kind == "drafts":
-            _, _, buffer, more_coming, commits_seen, dists = message
-            self.upstream_buffer = buffer
-            if dists is not None:
-                self.take_dists(*dists)
+        if isinstance(message, Drafts):
+            self.upstream_buffer = message.buffer
+            if message.dists is not None:
+                self.take_dists(*message.dists)
             # a "not coming" sent before our latest commit arrived says nothing about now
-            self.upstream_more = more_coming or commits_seen < self.commits_sent
-        elif kind == "commit":
+            self.upstream_more = message.more_coming or message.commits_seen < self.commits_sent
+        elif isinstance(message, Commit):
             self.commits_received += 1
-            self.adopt(message[2])
+            self.adopt(message.buffer)
             if self.upstream_rank is not None:
                 self.commit_upstream()
-        elif kind == "done":
+        elif isinstance(message, Done):
             self.done = True
+            if self.engine.lookup is not None and message.tokens is not None:
+                self.engine.lookup.observe_output(self.job.prompt_ids, message.tokens)  # a finished output only
         else:
-            raise StageFailure(f"stage {self.name}: unexpected message {kind!r}")
+            raise StageFailure(f"stage {self.name}: unexpected message {type(message).__name__}", "raised")
 
     def adopt(self, verifier_buffer: list[int]) -> None:
         """Follow the next stage's buffer: roll back where it differs, catch up where it is ahead."""
@@ -203,7 +180,7 @@ class StageRequest:
     def commit_upstream(self) -> None:
         self.commits_sent += 1
         self.upstream_more = True  # the drafter answers every commit with fresh drafts or a "not coming"
-        self.transport.send(self.upstream_rank, ("commit", self.job.request, list(self.out)))
+        self.transport.send(self.upstream_rank, Commit(self.job.request, list(self.out)))
 
     def publish(self, more_coming: bool) -> None:
         if self.downstream_rank is None:
@@ -217,8 +194,7 @@ class StageRequest:
                 dists = (self.downstream_committed, offset, self.dists[offset:])
                 self.dists_unsent_from = len(self.out)
             self.transport.send(
-                self.downstream_rank,
-                ("drafts", self.job.request, list(self.out), more_coming, self.commits_received, dists),
+                self.downstream_rank, Drafts(self.job.request, list(self.out), more_coming, self.commits_received, dists)
             )
 
     # ---- scheduling -------------------------------------------------------
@@ -227,54 +203,60 @@ class StageRequest:
         return math.prod(self.confidence[self.downstream_committed :])
 
     def available_drafts(self) -> tuple[list[int], list[TokenDist] | None]:
-        """The drafter's tokens beyond this stage's buffer, and their distributions when the rule needs them."""
-        n = len(self.out)
+        """The drafter's usable tokens beyond this stage's buffer (cut at room - 1 and after an EOS),
+        and their distributions when the rule needs them."""
+        n, job = len(self.out), self.job
         if not (len(self.upstream_buffer) > n and self.upstream_buffer[:n] == self.out):
             return [], None
         drafts = self.upstream_buffer[n:]
-        if not self.rule.uses_dists:
-            return drafts, None
-        dists = []
-        for position in range(n, len(self.upstream_buffer)):
-            if position not in self.upstream_dists:
-                break  # not the drafter's own token: one it adopted from an earlier commit of ours
-            dists.append(self.upstream_dists[position])
-        return drafts[: len(dists)], dists
-
-    def next_action(self) -> tuple[str, Any]:
-        """("finish"|"propose"|"model", payload) to act, or ("wait", more_coming) to wait for a message."""
-        job, role = self.job, self.role
-        room = job.max_new_tokens - len(self.out)
-        if role.is_target:
-            if is_finished(self.out, job.max_new_tokens, job.eos_ids):
-                return "finish", None
-        elif (
-            len(self.out) - self.downstream_committed >= role.max_lead
-            or room <= 0
-            or any(t in job.eos_ids for t in self.out)
-            or (role.stop_below > 0 and self.lead_confidence() < role.stop_below)
-        ):
-            return "wait", False
-        if self.engine.lookup is not None:
-            limit = min(room, role.max_lead - (len(self.out) - self.downstream_committed))
-            proposal = self.engine.lookup.propose(job.prompt_ids + self.out, limit)
-            return ("propose", proposal) if proposal else ("wait", False)
-        drafts, dists = self.available_drafts() if role.has_upstream else ([], None)
-        drafts = drafts[: max(room - 1, 0)]
+        dists = None
+        if self.rule.uses_dists:
+            dists = []
+            for position in range(n, len(self.upstream_buffer)):
+                if position not in self.upstream_dists:
+                    break  # not the drafter's own token: one it adopted from an earlier commit of ours
+                dists.append(self.upstream_dists[position])
+            drafts = drafts[: len(dists)]
+        drafts = drafts[: max(job.max_new_tokens - n - 1, 0)]
         for i, token in enumerate(drafts):
             if token in job.eos_ids:
                 drafts = drafts[: i + 1]  # nothing after an EOS can be kept
                 break
-        if role.has_upstream and self.upstream_more:
-            wanted = room - 1 if role.min_lead is None else min(role.min_lead, room - 1)
-            if len(drafts) < wanted:
-                return "wait", True
-        return "model", (drafts, dists[: len(drafts)] if dists is not None else None)
+        return drafts, dists[: len(drafts)] if dists is not None else None
+
+    def view(self, drafts: int) -> schedule.StageView:
+        job = self.job
+        finished = (
+            is_finished(self.out, job.max_new_tokens, job.eos_ids)
+            if self.role.is_target
+            else any(t in job.eos_ids for t in self.out)
+        )
+        return schedule.StageView(
+            generated=len(self.out),
+            budget=job.max_new_tokens,
+            lead=len(self.out) - self.downstream_committed,
+            finished=finished,
+            drafts=drafts,
+            upstream_more=self.role.has_upstream and self.upstream_more,
+            lead_confidence=self.lead_confidence() if self.role.stop_below > 0 else 1.0,
+            model_free=self.engine.lookup is not None,
+        )
+
+    def next_action(self) -> tuple[str, Any]:
+        """(schedule.STEP | PROPOSE, payload) to act, (FINISH, None), or (IDLE | WAIT, None) to wait."""
+        drafts, dists = self.available_drafts() if self.role.has_upstream else ([], None)
+        action = schedule.next_action(self.role, self.view(len(drafts)))
+        if action.kind == schedule.PROPOSE:
+            proposal = self.engine.lookup.propose(self.job.prompt_ids + self.out, action.n)
+            return (schedule.PROPOSE, proposal) if proposal else (schedule.IDLE, None)
+        if action.kind == schedule.STEP:
+            return schedule.STEP, (drafts, dists)
+        return action.kind, None
 
     def step(self, kind: str, payload) -> None:
-        self.log("step", kind, payload if kind == "propose" else payload[0], "out", self.out)
+        self.log("step", kind, payload if kind == schedule.PROPOSE else payload[0], "out", self.out)
         started = time.perf_counter()
-        if kind == "propose":
+        if kind == schedule.PROPOSE:
             # a deterministic proposal: each token's distribution is a point mass on it
             self.extend(payload, [point_mass(t) for t in payload] if self.rule.uses_dists else None)
             self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(payload))
@@ -282,9 +264,11 @@ class StageRequest:
         drafts, draft_dists = payload
         sequence = self.job.prompt_ids + self.out
         step = model_step(
-            self.engine.runner, sequence, drafts, draft_dists, self.rule, with_confidence=self.role.stop_below > 0
+            self.engine.runner, sequence, drafts, draft_dists, self.rule, with_confidence=self.role.stop_below > 0,
+            with_margins=self.role.is_target,
         )
         self.extend(drafts[: step.accepted] + [step.token], step.probs, step.confidence)
+        self.margins.extend(step.margins or [])
         step_kind = "verify" if drafts else ("single" if self.role.has_upstream or self.role.is_target else "draft")
         self.trace.record(
             started, time.perf_counter(), step_kind, step.fed, len(drafts), step.accepted, step.accepted + 1
@@ -303,17 +287,19 @@ class StageRequest:
             if self.done:
                 break
             kind, payload = self.next_action()
-            if kind == "finish":
+            if kind == schedule.FINISH:
                 break
-            if kind == "wait":
-                self.log("wait", "more_coming" if payload else "idle")
-                self.publish(more_coming=payload)
+            if kind in (schedule.IDLE, schedule.WAIT):
+                self.log("wait", kind)
+                self.publish(more_coming=kind == schedule.WAIT)
                 message = receive(self.job.stall_timeout_s)
                 if message is None:
-                    neighbour = self.index - 1 if payload else self.index + 1  # waiting for drafts, or for a commit
+                    neighbour = self.index - 1 if kind == schedule.WAIT else self.index + 1  # drafts, or a commit
                     raise StageFailure(
                         f"stage {self.name} waited {self.job.stall_timeout_s:.0f} s for stage "
-                        f"{self.job.stage_names[neighbour]}: it stopped responding"
+                        f"{self.job.stage_names[neighbour]}: it stopped responding",
+                        "stalled",
+                        waited_for=neighbour,
                     )
                 self.handle(message)
                 continue
@@ -329,26 +315,11 @@ class StageRequest:
         return None
 
     def maybe_inject_fault(self, steps: int | None) -> None:
-        fault = self.job.fault
-        if not fault or fault.get("stage") != self.index or fault.get("action") in ("drop", "delay"):
-            return
-        if "at_token" in fault:  # a point of the generation: the first time the buffer reaches it
-            if self.fault_fired or len(self.out) < fault["at_token"]:
-                return
+        """Tests only: act on the job's FaultPlan (pipespec.faults) when it targets this stage now."""
+        plan = self.job.faults
+        if plan is not None and plan.fires(self.index, steps, len(self.out), self.fault_fired):
             self.fault_fired = True
-        elif steps != fault.get("after_steps", 1):
-            return
-        action = fault.get("action", "raise")
-        if action == "accept_drafts":
-            return  # a rule change, set up when the request started
-        if action == "raise":
-            raise RuntimeError(f"injected fault in stage {self.index} after {steps} steps, at {len(self.out)} tokens")
-        if action == "exit":
-            os._exit(17)
-        if action == "kill":  # as the OOM killer would
-            os.kill(os.getpid(), signal.SIGKILL)
-        if action == "hang":
-            time.sleep(10_000)
+            plan.act(self.index, steps, len(self.out))
 
 
 def _describe(error: BaseException) -> str:
@@ -356,90 +327,36 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def stage_process_main(index: int, spec: StageSpec, n_stages: int, host: str, port: int, timeout_s: float):
-    """Entry point of a stage process started by `pipespec.api.Pipeline`."""
+def stage_process_main(
+    index: int, spec: StageSpec, n_stages: int, host: str, port: int, timeout_s: float, start: int | None = None
+):
+    """Entry point of a stage process (started by `pipespec.api.Pipeline`, or a launcher's rank): joins
+    pipeline start `start` (None: the driver's latest) at the store served at HOST:PORT."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
     torch.set_num_threads(spec.threads)
-    from pipespec.transport import LINK_BROKEN, GlooTransport
+    from pipespec.transport import GlooTransport, client_store, join_start
 
     rank = index + 1
     peers = [r for r in range(n_stages + 1) if r != rank]  # neighbours, the driver, and the target's "done"
     transport = None
-    parent = os.getppid()
     exit_code = 0
     try:
-        transport = GlooTransport(rank, n_stages + 1, host, port, peers, timeout_s)
+        store = join_start(client_store(host, port, timeout_s), timeout_s, start)
+        transport = GlooTransport(rank, n_stages + 1, store, peers)
         engine = StageEngine(spec)
-        transport.send(0, ("ready", index, os.getpid()))
-        future: list[tuple[int, tuple]] = []  # messages of a request not started yet
-
-        def receive_any(timeout: float):
-            """The next (sender, message), checking every POLL_S that the driver is alive."""
-            deadline = time.monotonic() + timeout
-            while True:
-                item = transport.receive(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
-                if item is not None:
-                    sender, message = item
-                    if message[0] == LINK_BROKEN:
-                        who = "the driver" if sender == 0 else f"stage {sender - 1}"
-                        raise StageFailure(f"lost the link to {who}: {message[1]}")
-                    return item
-                if os.getppid() != parent:
-                    raise SystemExit(0)  # the driver is gone: nothing to report to
-                if time.monotonic() >= deadline:
-                    return None
-
-        while True:
-            sender, message = receive_any(float("inf"))
-            if message[0] == "shutdown":
-                break
-            if message[0] != "generate":
-                future.append((sender, message))
-                continue
-            job: Job = message[1]
-            future = [(s, m) for s, m in future if m[1] >= job.request]
-            link = for_request(transport, job.fault, index)  # test-only message drop / delay (pipespec.faults)
-            request = StageRequest(index, job, engine, link, job.stage_names)
-
-            def receive(timeout: float, request=request, job=job):
-                nonlocal future
-                deadline = time.monotonic() + timeout
-                while True:
-                    for i, (s, m) in enumerate(future):
-                        if m[1] == job.request:
-                            del future[i]
-                            return m
-                    item = receive_any(max(deadline - time.monotonic(), 0.0))
-                    if item is None:
-                        return None
-                    s, m = item
-                    if m[0] in ("shutdown", "generate"):
-                        raise StageFailure(f"got {m[0]!r} in the middle of request {job.request}")
-                    if m[1] == job.request:
-                        return m
-                    if m[1] > job.request:
-                        future.append((s, m))
-                    # else: a stale message of an earlier request: dropped
-
-            output = request.run(receive)
-            request.log("finished", output)
-            link.send(0, ("trace", index, job.request, request.trace.to_dict()))
-            if output is not None:
-                for other in range(n_stages - 1):
-                    if job.roles[other].active:
-                        link.send(other + 1, ("done", job.request))
-                link.send(0, ("result", index, job.request, output))
-            request.log("reported")
+        transport.send(0, Ready(index, os.getpid()))
+        serve(index, n_stages, engine, Inbox(transport, os.getppid()))
     except SystemExit:
         pass
     except BaseException as error:  # report, then exit: the stage's state is unknown
         exit_code = 1
         print(f"pipespec stage {index} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         if transport is not None:
+            kind, waited_for = getattr(error, "kind", "raised"), getattr(error, "waited_for", None)
             try:
-                transport.send(0, ("error", index, _describe(error), traceback.format_exc()))
+                transport.send(0, Failed(index, kind, _describe(error), traceback.format_exc(), waited_for))
             except Exception:
                 pass
     finally:
@@ -448,33 +365,118 @@ def stage_process_main(index: int, spec: StageSpec, n_stages: int, host: str, po
         os._exit(exit_code)
 
 
+class Inbox:
+    """A stage's incoming messages: checks the driver is alive while waiting, keeps messages of a
+    request not started yet, and drops stale ones of earlier requests."""
+
+    def __init__(self, transport, parent_pid: int):
+        self.transport = transport
+        self.parent_pid = parent_pid
+        self.future: list = []  # messages of a request not started yet
+
+    def next(self, timeout: float):
+        """The next message, or None after `timeout`, checking every POLL_S that the driver is alive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            item = self.transport.receive(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+            if item is not None:
+                sender, message = item
+                if isinstance(message, LinkBroken):
+                    who = "the driver" if sender == 0 else f"stage {sender - 1}"
+                    peer = sender - 1 if sender > 0 else None
+                    raise StageFailure(f"lost the link to {who}: {message.text}", "lost_link", waited_for=peer)
+                return message
+            if os.getppid() != self.parent_pid:
+                raise SystemExit(0)  # the driver is gone: nothing to report to
+            if time.monotonic() >= deadline:
+                return None
+
+    def next_job(self) -> Job | None:
+        """Wait for the next Generate (None: shut down); messages for later requests are kept."""
+        while True:
+            message = self.next(float("inf"))
+            if isinstance(message, Shutdown):
+                return None
+            if isinstance(message, Generate):
+                self.future = [m for m in self.future if m.request >= message.job.request]
+                return message.job
+            self.future.append(message)
+
+    def for_request(self, request: int):
+        """receive(timeout) for one request's loop."""
+
+        def receive(timeout: float):
+            for i, message in enumerate(self.future):
+                if message.request == request:
+                    return self.future.pop(i)
+            deadline = time.monotonic() + timeout
+            while True:
+                message = self.next(max(deadline - time.monotonic(), 0.0))
+                if message is None:
+                    return None
+                if not isinstance(message, REQUEST_MESSAGES):
+                    name = type(message).__name__
+                    raise StageFailure(f"got {name} in the middle of request {request}", "raised")
+                if message.request == request:
+                    return message
+                if message.request > request:
+                    self.future.append(message)
+                # else: a stale message of an earlier request: dropped
+
+        return receive
+
+
+def serve(index: int, n_stages: int, engine: StageEngine, inbox: Inbox) -> None:
+    """Run requests until the driver says shut down."""
+    while (job := inbox.next_job()) is not None:
+        link = inbox.transport if job.faults is None else job.faults.wrap(inbox.transport, index)
+        request = StageRequest(index, job, engine, link, job.stage_names)
+        output = request.run(inbox.for_request(job.request))
+        request.log("finished", output)
+        if engine.gpu is not None:
+            request.trace.gpu = engine.gpu.window(request.trace.start_time, request.trace.end_time)
+        link.send(0, Trace(index, job.request, request.trace.to_dict()))
+        if output is not None:
+            for other in range(n_stages - 1):
+                if job.roles[other].active:
+                    link.send(other + 1, Done(job.request, output))
+            link.send(0, Result(index, job.request, output, margins=request.margins[: len(output)]))
+        request.log("reported")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one stage rank started by an external launcher (torchrun, a job script, another machine).
+    """Run one stage rank started by an external launcher (srun, a job script, another machine).
 
     Reads RANK (1..k; rank 0 is the driver: `Pipeline(..., launch="external", address=...)`),
-    WORLD_SIZE (k + 1), MASTER_ADDR and MASTER_PORT (the driver's address), and the stage
-    list as JSON: the same list given to the driver's Pipeline.
+    WORLD_SIZE (k + 1), MASTER_ADDR and MASTER_PORT (the driver's address), LOCAL_RANK (for
+    `device: auto`), and the stage list as JSON: the same list given to the driver's Pipeline.
+    Under torchrun no separate stage program is needed: every rank runs the driver's program.
     """
     import argparse
     import json
+
+    from pipespec.errors import ConfigError
+    from pipespec.launch import LaunchEnv, serve_stage_rank
 
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("--stages", required=True, help="JSON file: the list of stages, smallest first")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
-    rank, world = int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1))
-    with open(args.stages) as f:
-        specs = [StageSpec.from_any(s) for s in json.load(f)]
-    if world != len(specs) + 1 or not 1 <= rank <= len(specs):
-        print(
-            f"error: need WORLD_SIZE={len(specs) + 1} (driver + {len(specs)} stages) and RANK in 1..{len(specs)}; "
-            f"got RANK={rank} WORLD_SIZE={world}",
-            file=sys.stderr,
-        )
+    try:
+        with open(args.stages) as f:
+            specs = [StageSpec.from_any(s) for s in json.load(f)]
+        env = LaunchEnv.from_environ()
+        env.check_world(len(specs))
+        if env.rank == 0:
+            raise ConfigError(
+                "RANK=0 is the driver, not a stage: under torchrun run the driver's program on every rank "
+                "(torchrun --nproc_per_node=k+1 -m experiments.run ..., or your script); pipespec.stage "
+                "serves ranks 1..k started by another launcher"
+            )
+    except (ConfigError, OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    stage_process_main(
-        rank - 1, specs[rank - 1], len(specs), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), args.timeout_s
-    )
+    serve_stage_rank(env, specs, args.timeout_s)  # does not return
     return 0
 
 

@@ -53,11 +53,16 @@ def build_tiny_hierarchy(
     eos_token_id: int | None = 1,
     vocab_size: int = VOCAB_SIZE,
     num_layers: int = 2,
+    flat_logits: float | None = None,
 ) -> list[str]:
     """Save drafts (noise levels, in order) then the target; return their paths, smallest... target last.
 
     `num_layers` 1 makes a step about 40% cheaper (transformers' per-layer overhead dominates
-    at this size): statistical tests that need many thousands of tokens use it."""
+    at this size): statistical tests that need many thousands of tokens use it.
+    `flat_logits` s (None: off) rebuilds the target's output layer before the drafts copy it:
+    every row becomes one shared row plus s times its own, so all logits sit near one common
+    value of ordinary size and differ by s of their usual spread: near-ties at every step
+    (`build_flat_hierarchy`)."""
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
@@ -65,6 +70,10 @@ def build_tiny_hierarchy(
     torch.manual_seed(seed)
     config = tiny_config(vocab_size, eos_token_id, num_layers)
     target = LlamaForCausalLM(config).eval()
+    if flat_logits is not None:
+        with torch.no_grad():
+            weight = target.lm_head.weight
+            weight.copy_(FLAT_SHARED_GAIN * weight[0] + flat_logits * weight)
     tokenizer = make_tokenizer(vocab_size)
     paths = []
     for i, noise in enumerate(list(draft_noise) + [None]):
@@ -81,6 +90,19 @@ def build_tiny_hierarchy(
         tokenizer.save_pretrained(path)
         paths.append(str(path))
     return paths
+
+
+FLAT_LOGITS = 1e-3  # own part of each output row: top-2 margins ~1e-3, below a float16 ulp at |logit| ~ 10
+FLAT_SHARED_GAIN = 4.0  # the shared row: logits of a few units to tens, where a float16 ulp is 2^-7..2^-6
+
+
+def build_flat_hierarchy(
+    directory: str | Path, draft_noise: Sequence[float] = (0.05,), seed: int = 0, flat_logits: float = FLAT_LOGITS
+) -> list[str]:
+    """A tiny hierarchy whose target has deliberately flat logits: its argmax is decided by margins
+    smaller than a half-precision rounding, so float16 / bfloat16 runs flip tokens against float32
+    (or against another kernel): near-ties, for the identity classification's tests. No EOS."""
+    return build_tiny_hierarchy(directory, draft_noise, seed=seed, eos_token_id=None, flat_logits=flat_logits)
 
 
 def set_eos(model_dirs: Sequence[str], eos_token_id: int) -> None:

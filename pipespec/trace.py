@@ -14,13 +14,18 @@ proposal), stored column-wise:
 - `produced`: tokens this step appended to the stage's buffer
 - `rollbacks`, `rollback_tokens`: rollbacks received since the previous step
   and how many of this stage's tokens they removed
+
+A stage on a GPU also carries `gpu`: per GPU it runs on, the NVML samples
+(time on the same clock, utilisation, memory, power) of the request
+(`pipespec.gpu.GpuSampler.window`); absent on CPU stages and in older traces.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import mean
 from typing import Any
+
+from pipespec.stats import StageStats
 
 STEP_KINDS = ("draft", "verify", "single")
 COLUMNS = ("t_start", "t_end", "kind", "fed", "offered", "accepted", "produced", "rollbacks", "rollback_tokens")
@@ -35,6 +40,7 @@ class StageTrace:
     steps: dict[str, list] = field(default_factory=lambda: {c: [] for c in COLUMNS})
     pending_rollbacks: int = 0
     pending_rollback_tokens: int = 0
+    gpu: list[dict] | None = None  # per GPU of the stage, its samples in this request (`pipespec.gpu`)
 
     def note_rollback(self, tokens_removed: int) -> None:
         self.pending_rollbacks += 1
@@ -61,6 +67,7 @@ class StageTrace:
             "steps": self.steps,
             "trailing_rollbacks": self.pending_rollbacks,
             "trailing_rollback_tokens": self.pending_rollback_tokens,
+            **({"gpu": self.gpu} if self.gpu is not None else {}),
         }
 
     @classmethod
@@ -72,43 +79,14 @@ class StageTrace:
         trace.steps = {c: list(data["steps"][c]) for c in COLUMNS}
         trace.pending_rollbacks = data.get("trailing_rollbacks", 0)
         trace.pending_rollback_tokens = data.get("trailing_rollback_tokens", 0)
+        trace.gpu = data.get("gpu")  # absent in traces of CPU stages and of older runs
         return trace
 
 
 def summarize_stage(trace: StageTrace, output_tokens: int) -> dict[str, Any]:
-    """Per-stage figures from a trace (None where a figure does not apply to the stage)."""
-    steps = trace.steps
-    kinds = steps["kind"]
-    verify_rows = [i for i, k in enumerate(kinds) if k == "verify"]
-    verifier_rows = [i for i, k in enumerate(kinds) if k in ("verify", "single")]
-    offered = sum(steps["offered"][i] for i in verify_rows)
-    accepted = sum(steps["accepted"][i] for i in verify_rows)
-    busy = sum(e - s for s, e in zip(steps["t_start"], steps["t_end"]))
-    wall = trace.end_time - trace.start_time
-    rollbacks = sum(steps["rollbacks"]) + trace.pending_rollbacks
-    rollback_tokens = sum(steps["rollback_tokens"]) + trace.pending_rollback_tokens
-    mean_accepted = accepted / len(verify_rows) if verify_rows else None
-    return {
-        "name": trace.name,
-        "steps": len(kinds),
-        "draft_steps": kinds.count("draft"),
-        "verify_steps": len(verify_rows),
-        "single_steps": kinds.count("single"),
-        "offered": offered,
-        "accepted": accepted,
-        "acceptance_rate": accepted / offered if offered else None,
-        "mean_accepted_per_verify": mean_accepted,
-        "mean_accepted_per_verify_with_bonus": mean_accepted + 1 if mean_accepted is not None else None,
-        "mean_offered_per_verify": offered / len(verify_rows) if verify_rows else None,
-        "verify_fraction": len(verify_rows) / len(verifier_rows) if verifier_rows else None,
-        "busy_time_s": busy,
-        "wall_time_s": wall,
-        "busy_fraction": busy / wall if wall > 0 else None,
-        "mean_step_ms": 1000 * mean(e - s for s, e in zip(steps["t_start"], steps["t_end"])) if kinds else None,
-        "rollbacks": rollbacks,
-        "rollback_tokens": rollback_tokens,
-        "rollbacks_per_100_tokens": 100 * rollbacks / output_tokens if output_tokens else None,
-    }
+    """Per-stage counts and ratios of one generation (`pipespec.stats.StageStats`; None where a ratio
+    does not apply to the stage)."""
+    return StageStats.from_trace(trace, output_tokens).as_dict(trace.name)
 
 
 def summarize(stage_traces: list[StageTrace], output_tokens: int) -> list[dict[str, Any]]:
@@ -116,8 +94,9 @@ def summarize(stage_traces: list[StageTrace], output_tokens: int) -> list[dict[s
 
 
 def format_summary(summaries: list[dict[str, Any]]) -> str:
-    """A small fixed-width table of the per-stage summary."""
-    header = f"{'stage':<28}{'steps':>7}{'verify':>8}{'accept':>8}{'acc/ver':>9}{'busy':>7}{'rb/100t':>9}"
+    """A small fixed-width table of the per-stage summary: steps, verification fraction, mean
+    acceptance length (bonus included), draft acceptance rate, busy fraction, rollbacks per 100 tokens."""
+    header = f"{'stage':<28}{'steps':>7}{'verify':>8}{'acc.len':>9}{'accept':>8}{'busy':>7}{'rb/100t':>9}"
     lines = [header]
     for s in summaries:
         def fmt(value, spec):
@@ -126,7 +105,7 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
 
         lines.append(
             f"{s['name'][:27]:<28}{s['steps']:>7}{fmt(s['verify_fraction'], '>8.2f')}"
-            f"{fmt(s['acceptance_rate'], '>8.2f')}{fmt(s['mean_accepted_per_verify'], '>9.2f')}"
+            f"{fmt(s['mean_acceptance_length'], '>9.2f')}{fmt(s['draft_acceptance_rate'], '>8.2f')}"
             f"{fmt(s['busy_fraction'], '>7.2f')}{fmt(s['rollbacks_per_100_tokens'], '>9.1f')}"
         )
     return "\n".join(lines)

@@ -5,8 +5,11 @@ then its bytes. A gloo `irecv` reports completion only after `wait()`, so one
 receiver thread per peer blocks in `recv` and puts what arrives into an inbox
 queue; the owner waits on that queue with a timeout and never spins.
 
-The process group is created from its own TCPStore (not the global default
-group), so a process may drive several pipelines one after another.
+The process group is created from its own store (not the global default
+group), so a process may drive several pipelines one after another. The store
+is a TCPStore that the driver serves (`serve_store`) or that a launcher's agent
+already serves (torchrun: `client_store`); each pipeline start keeps its keys
+under its own prefix (`new_start` on the driver, `join_start` on a stage).
 """
 
 from __future__ import annotations
@@ -21,20 +24,60 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-# Put in the inbox when the link to a peer breaks (the peer died or closed).
-LINK_BROKEN = "link_broken"
+from pipespec.launch import START_COUNTER, start_prefix
+from pipespec.protocol import LinkBroken  # put in the inbox when the link to a peer breaks
+
 IDLE_LINK_TIMEOUT = datetime.timedelta(days=365)
 
 
 class LinkLost(ConnectionError):
     """Sending to a peer failed: it died or closed its end."""
 
+    kind = "lost_link"  # as pipespec.errors.FAILURE_KINDS name it
+
+    def __init__(self, text: str, peer: int):
+        super().__init__(text)
+        self.waited_for = peer - 1 if peer > 0 else None  # the stage at the other end (None: the driver)
+
+
+def serve_store(host: str, port: int, timeout_s: float) -> dist.Store:
+    """Bind HOST:PORT and serve a store there (the driver, when no launcher serves one)."""
+    return dist.TCPStore(
+        host, port, None, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def client_store(host: str, port: int, timeout_s: float) -> dist.Store:
+    """Connect to the store served at HOST:PORT (by the driver, or by torchrun's agent); retries until
+    `timeout_s` while nobody serves it yet."""
+    return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def new_start(base: dist.Store) -> tuple[int, dist.Store]:
+    """The driver's side of a pipeline start: the next start number, and the store under its prefix."""
+    start = int(base.add(START_COUNTER, 1))
+    return start, dist.PrefixStore(start_prefix(start), base)
+
+
+def join_start(base: dist.Store, timeout_s: float, start: int | None = None) -> dist.Store:
+    """A stage's side: the store of start `start`, or of the driver's latest start (waiting up to
+    `timeout_s` for the driver to make one)."""
+    if start is None:
+        base.wait([START_COUNTER], datetime.timedelta(seconds=timeout_s))
+        start = int(base.add(START_COUNTER, 0))
+    return dist.PrefixStore(start_prefix(start), base)
+
+
+def peer_name(rank: int) -> str:
+    """Rank 0 is the driver, rank i + 1 serves stage i (`pipespec.protocol`)."""
+    return "the driver (rank 0)" if rank == 0 else f"stage {rank - 1} (rank {rank})"
+
 
 class GlooTransport:
-    def __init__(self, rank: int, world_size: int, host: str, port: int, peers: Iterable[int], timeout_s: float):
+    def __init__(self, rank: int, world_size: int, store: dist.Store, peers: Iterable[int]):
+        """Join the gloo group of `world_size` ranks that meet in `store` (one pipeline start's store)."""
         self.rank = rank
-        timeout = datetime.timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
+        self.store = store
         # gloo's timeout also ends a receive that waits longer than it, and a link can rightly stay quiet
         # for the pipeline's whole life (nothing flows from the first stage to the target): it must not
         # expire. Dead peers still fail at once (closed sockets); hangs are caught by the stall timeouts.
@@ -59,7 +102,7 @@ class GlooTransport:
             self.group.send([length], peer, 0).wait()
             self.group.send([data], peer, 0).wait()
         except RuntimeError as error:  # gloo's message for a dead peer is long: keep its first line
-            raise LinkLost(f"lost the link to rank {peer}: {str(error).splitlines()[0][:200]}") from None
+            raise LinkLost(f"lost the link to {peer_name(peer)}: {str(error).splitlines()[0][:200]}", peer) from None
         self.bytes_sent += len(payload)
         self.send_time_s += time.perf_counter() - started
 
@@ -73,7 +116,7 @@ class GlooTransport:
                 self.inbox.put((peer, pickle.loads(data.numpy().tobytes())))
         except Exception as error:  # the peer died or the group was torn down
             if not self.closed:
-                self.inbox.put((peer, (LINK_BROKEN, str(error).splitlines()[0] if str(error) else repr(error))))
+                self.inbox.put((peer, LinkBroken(str(error).splitlines()[0] if str(error) else repr(error))))
 
     def receive(self, timeout_s: float) -> tuple[int, Any] | None:
         """The next message as (sender rank, message), or None after `timeout_s` seconds."""

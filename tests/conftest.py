@@ -1,6 +1,61 @@
+"""Shared fixtures: tiny random hierarchies and the pipelines over them.
+
+A module that uses `tiny` or `pipes` says what it wants in module-level constants:
+
+    TINY = {"noise": [0.3, 0.05], "eos_token_id": None}   # pipespec.tiny.build_tiny_hierarchy options
+    K2_STAGES = (0, -1)            # which two of the tiny stages make the k=2 pipeline (default: the last two)
+    PIPELINE_OPTIONS = {...}       # passed to every Pipeline of `pipes`
+
+`tiny` is the list of model directories (drafts in noise order, target last); `pipes` is
+{2: Pipeline, 3: Pipeline}, open for the whole module. Hierarchies are built once per session.
+"""
+
 import os
+
+import pytest
 
 # Tests never reach the Hugging Face hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """tiny_models(noise, **options) -> model directories, built once per session per options."""
+    from pipespec.tiny import build_tiny_hierarchy
+
+    built = {}
+
+    def make(noise, **options):
+        key = (tuple(noise), tuple(sorted(options.items())))
+        if key not in built:
+            built[key] = build_tiny_hierarchy(tmp_path_factory.mktemp("tiny"), list(noise), **options)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def tiny(request, tiny_models):
+    """The module's tiny hierarchy (its TINY constant)."""
+    return tiny_models(**request.module.TINY)
+
+
+@pytest.fixture(scope="module")
+def pipes(request, tiny):
+    """{2: Pipeline, 3: Pipeline} over the module's tiny hierarchy, closed when the module ends."""
+    from pipespec.api import Pipeline
+
+    pair = getattr(request.module, "K2_STAGES", (-2, -1))
+    options = getattr(request.module, "PIPELINE_OPTIONS", {})
+    with Pipeline([tiny[i] for i in pair], **options) as k2, Pipeline(tiny, **options) as k3:
+        yield {2: k2, 3: k3}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """In-process tests on tiny tensors: torch's thread pool only adds latency on a 2-core machine."""
+    import torch
+
+    torch.set_num_threads(1)

@@ -9,20 +9,22 @@ from pathlib import Path
 import pytest
 
 from pipespec.api import GenerationResult
+from pipespec.conf import load as load_conf
 from pipespec.trace import StageTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ["hf_greedy", "hf_assisted", "hf_prompt_lookup", "greedy", "sd", "pipespec_k2", "pipespec_k3"]
 TINY = [
-    "dataset=random",
+    "random_prompt_length=12",
     "samples=2",
     "max_new_tokens=8",
     "repetitions=2",
     "warmup_tokens=4",
     "prepass_prompts=1",
     "progress=false",
-    "hierarchies.k2=tiny_k2",
-    'hierarchies.k3=[{kind:prompt_lookup,ngram_size:3,max_proposal:8},{model:"tiny:draft_noise0.05"},{model:"tiny:target"}]',
+    "models@k2=tiny_k2",
+    "k3.name=tiny_pld_k3",
+    'k3.stages=[{kind:prompt_lookup,ngram_size:3,max_proposal:8},{model:"tiny:draft_noise0.05"},{model:"tiny:target"}]',
     "sd_windows=[2,3]",
     "hf.assisted=[{num_assistant_tokens:20},{num_assistant_tokens:3,assistant_confidence_threshold:0.0}]",
 ]
@@ -67,6 +69,10 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
     assert "| system | tok/s median |" in table and "## Where the time goes" in table
     assert all(f"| {name} |" in table for name in SYSTEMS)
     assert "| system | tok/s median |" in done.stdout  # printed too
+    # the bench composes the runner's group files (no copies of their settings)
+    assert report["config"]["pipespec"] == load_conf("strategy", "pipespec")
+    assert report["config"]["k2"] == load_conf("models", "tiny_k2")
+    assert "| mean acceptance length | draft acceptance rate |" in table
     runs = json.loads((tmp_path / "runs.json").read_text())
     assert len(runs) == 7 * 4 and all("stage_traces" in r for r in runs if r["system"] == "pipespec_k3")
 
@@ -76,6 +82,7 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
     [
         ("systems=[hf_greedy,nope]", "unknown system(s) ['nope']"),
         ("dataset=nothing", "unknown dataset 'nothing'"),
+        ("pipespec.max_lead=0", "pipespec: max_lead must be an integer >= 1"),
     ],
 )
 def test_bad_config_is_a_one_line_error(tmp_path, override, message):
@@ -99,11 +106,11 @@ def _result(target_steps, drafter_busy, tokens, time_s, target_wall):
 
 
 def test_ideal_bound_and_breakdown_arithmetic():
-    from experiments.bench import analyse_pipeline_runs, fit_step_cost
+    from experiments.benchlib.report import analyse_pipeline_runs, step_cost
 
-    a, b = fit_step_cost([1, 2, 3, 4], [0.012, 0.014, 0.016, 0.018])
+    a, b = step_cost([1, 2, 3, 4], [0.012, 0.014, 0.016, 0.018])  # analysis.fit's t(n) = a + b n
     assert a == pytest.approx(0.010) and b == pytest.approx(0.002)
-    assert fit_step_cost([3, 3], [0.04, 0.06]) == pytest.approx((0.05, 0.0))
+    assert step_cost([3, 3], [0.04, 0.06]) == pytest.approx((0.05, 0.0))
     # prefill (t0 = 0.1 s, 1 token), then 4 verifications of 2 drafts, all accepted (3 tokens each): T = 13
     steps = [(10, "single", 0, 0, 1, 0.1)] + [(3, "verify", 2, 2, 3, 0.04)] * 4
     run = _result(steps, [0.01] * 12, tokens=13, time_s=0.6, target_wall=0.5)
@@ -118,3 +125,5 @@ def test_ideal_bound_and_breakdown_arithmetic():
     assert target["idle_ms_per_token"] == pytest.approx(1000 * 0.24 / 13)
     assert out["driver_overhead_ms_per_token"] == pytest.approx(1000 * 0.1 / 13)
     assert out["stages"][0]["ideal_limit_tokens_per_s"] == pytest.approx(13 / 0.12)
+    # headline acceptance (pipespec.stats): 2 accepted + 1 bonus per verification, every offered draft kept
+    assert target["mean_acceptance_length"] == 3 and target["draft_acceptance_rate"] == 1.0

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from pipespec.conf import load as load_conf
 from pipespec.data import (
     CodeExecutionWarning,
     DataError,
@@ -30,7 +30,6 @@ from pipespec.data import (
     truncate_at_stop,
 )
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "dataset"
 CONFIG_NAMES = ("humaneval", "cnn_dailymail", "xsum", "news_lee_cnndm", "news_lee_xsum")
 
 CNN_ROWS = [
@@ -44,7 +43,7 @@ XSUM_ROWS = [
 
 
 def dataset_cfg(name: str, **overrides) -> dict:
-    cfg = yaml.safe_load((CONF_DIR / f"{name}.yaml").read_text())
+    cfg = load_conf("dataset", name)  # with its defaults (news_lee_* inherit their prompts)
     cfg.update(overrides)
     return cfg
 

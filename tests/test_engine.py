@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from pipespec.faults import FaultPlan
 from pipespec.api import Pipeline
 from pipespec.errors import StageError
 from pipespec.decoding import greedy_generate, model_step
@@ -21,22 +22,24 @@ LOOKAHEADS = (0, 1, 4, 8)
 MAX_NEW = 24
 
 
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
-    paths = build_tiny_hierarchy(tmp_path_factory.mktemp("tiny"), [NOISE["low"], NOISE["medium"], NOISE["high"]])
-    return dict(zip(["low", "medium", "high", "target"], paths))
+TINY = {"noise": [NOISE["low"], NOISE["medium"], NOISE["high"]]}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
+def by_name(tiny):
+    return dict(zip(["low", "medium", "high", "target"], tiny))
+
+
+@pytest.fixture(scope="module")
 def prompts():
     # 20 prompts of varied lengths
     return [p[: 4 + (i % 5) * 4] for i, p in enumerate(random_prompts(20, length=24, seed=7))]
 
 
-@pytest.fixture(scope="session")
-def reference(tiny, prompts):
+@pytest.fixture(scope="module")
+def reference(by_name, prompts):
     torch.set_num_threads(1)
-    runner = CausalLMRunner(load_model(StageSpec(model=tiny["target"])))
+    runner = CausalLMRunner(load_model(StageSpec(model=by_name["target"])))
     return [greedy_generate(runner, p, MAX_NEW, [1]) for p in prompts]
 
 
@@ -51,8 +54,8 @@ HIERARCHIES = {
 
 
 @pytest.mark.parametrize("hierarchy", list(HIERARCHIES))
-def test_all_strategies_identical_to_greedy(hierarchy, tiny, prompts, reference):
-    stages = [tiny[d] for d in HIERARCHIES[hierarchy]] + [tiny["target"]]
+def test_all_strategies_identical_to_greedy(hierarchy, by_name, prompts, reference):
+    stages = [by_name[d] for d in HIERARCHIES[hierarchy]] + [by_name["target"]]
     with Pipeline(stages, strategy="pipespec") as pipe:
         for prompt, expected in zip(prompts, reference):
             assert pipe.generate(prompt, MAX_NEW, strategy="greedy").tokens == expected
@@ -86,27 +89,29 @@ class _NoEngine:
 def test_a_drafter_stops_when_its_lead_is_unlikely():
     """draft_confidence: drafting pauses once the product of the drafter's own probabilities of its
     uncommitted tokens is below the threshold, and resumes when a commit shortens the lead."""
-    from pipespec.schedule import roles
-    from pipespec.stage import Job, StageRequest
+    from pipespec.protocol import Job
+    from pipespec.schedule import IDLE, STEP, roles
+    from pipespec.stage import StageRequest
+    from pipespec.verify import Acceptance, Sampling
 
-    job = Job(1, [3, 4], 100, [], roles("pipespec", 2, 0, 8, 0.5), 1.0, ["drafter", "target"])
+    job = Job(1, [3, 4], 100, [], roles("pipespec", 2, 0, 8, 0.5), 1.0, ["drafter", "target"], Sampling(), Acceptance())
     drafter = StageRequest(0, job, _NoEngine(), _Silent(), job.stage_names)
     drafter.extend([7, 8], None, [0.9, 0.6])  # 0.54: go on
-    assert drafter.next_action()[0] == "model"
+    assert drafter.next_action()[0] == STEP
     drafter.extend([9], None, [0.8])  # 0.43: stop, and tell the verifier no more are coming
-    assert drafter.next_action() == ("wait", False)
+    assert drafter.next_action() == (IDLE, None)
     drafter.adopt([7, 8])  # the verifier kept two: only 0.8 is left uncommitted
-    assert drafter.lead_confidence() == pytest.approx(0.8) and drafter.next_action()[0] == "model"
+    assert drafter.lead_confidence() == pytest.approx(0.8) and drafter.next_action()[0] == STEP
     drafter.adopt([7, 5])  # a rollback: the verifier's own token is certain
     assert drafter.out == [7, 5] and drafter.lead_confidence() == 1.0
-    off_job = Job(2, [3], 100, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "t"])
+    off_job = Job(2, [3], 100, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "t"], Sampling(), Acceptance())
     off = StageRequest(0, off_job, _NoEngine(), _Silent(), off_job.stage_names)
     off.extend([7, 8, 9], None, [0.1, 0.1, 0.1])
-    assert off.next_action()[0] == "model"  # 0 = off: only max_lead stops it
+    assert off.next_action()[0] == STEP  # 0 = off: only max_lead stops it
 
 
-def test_acceptance_follows_draft_agreement(tiny, prompts):
-    with Pipeline([tiny["low"], tiny["high"], tiny["target"]], strategy="sd", lookahead=4) as pipe:
+def test_acceptance_follows_draft_agreement(by_name, prompts):
+    with Pipeline([by_name["low"], by_name["high"], by_name["target"]], strategy="sd", lookahead=4) as pipe:
         results = [pipe.generate(p, MAX_NEW) for p in prompts[:5]]
     offered = [sum(r.summary()[i]["offered"] for r in results) for i in (1, 2)]
     accepted = [sum(r.summary()[i]["accepted"] for r in results) for i in (1, 2)]
@@ -114,7 +119,7 @@ def test_acceptance_follows_draft_agreement(tiny, prompts):
     assert rates[1] > 0.6 > rates[0], rates  # high-agreement pair accepts far more than the low one
 
 
-def test_eos_and_budget_exactly_as_greedy(tiny, prompts, tmp_path):
+def test_eos_and_budget_exactly_as_greedy(by_name, prompts, tmp_path):
     paths = build_tiny_hierarchy(tmp_path, [NOISE["medium"], NOISE["high"]])
     runner = CausalLMRunner(load_model(StageSpec(model=paths[-1])))
     first = greedy_generate(runner, prompts[0], MAX_NEW, [])
@@ -134,16 +139,16 @@ def test_eos_and_budget_exactly_as_greedy(tiny, prompts, tmp_path):
         assert ended_early > 0
 
 
-def test_twenty_calls_on_one_pipeline(tiny, prompts, reference):
-    with Pipeline([tiny["medium"], tiny["high"], tiny["target"]], strategy="pipespec", lookahead=1) as pipe:
+def test_twenty_calls_on_one_pipeline(by_name, prompts, reference):
+    with Pipeline([by_name["medium"], by_name["high"], by_name["target"]], strategy="pipespec", lookahead=1) as pipe:
         outputs = [pipe.generate(prompts[i % 5], MAX_NEW).tokens for i in range(20)]
     assert outputs == [reference[i % 5] for i in range(20)]
 
 
-def test_cache_rollback_is_exact(tiny, prompts):
+def test_cache_rollback_is_exact(by_name, prompts):
     """After verify + rollback the cache holds exactly the committed tokens at the right positions."""
     torch.set_num_threads(1)
-    model = load_model(StageSpec(model=tiny["target"]))
+    model = load_model(StageSpec(model=by_name["target"]))
     runner = CausalLMRunner(model)
     runner.start()
     sequence = list(prompts[3])
@@ -184,23 +189,23 @@ FAULTS = [("sd", "raise", 0), ("sd", "exit", 1), ("sd", "raise", 2), ("pipespec"
 
 
 @pytest.mark.parametrize("strategy, action, stage", FAULTS)
-def test_failing_stage_ends_the_run_with_its_name(tiny, prompts, reference, stage, action, strategy):
-    pipe = Pipeline([tiny["medium"], tiny["high"], tiny["target"]], strategy=strategy, lookahead=2)
+def test_failing_stage_ends_the_run_with_its_name(by_name, prompts, reference, stage, action, strategy):
+    pipe = Pipeline([by_name["medium"], by_name["high"], by_name["target"]], strategy=strategy, lookahead=2)
     pipe.start()
     pids = list(pipe.pids)
     started = time.monotonic()
     with pytest.raises(StageError) as error:
-        pipe.generate(prompts[0], MAX_NEW, fault={"stage": stage, "after_steps": 2, "action": action})
+        pipe.generate(prompts[0], MAX_NEW, faults=FaultPlan(stage=stage, after_steps=2, action=action))
     assert time.monotonic() - started < 10
     assert f"stage {stage}:" in str(error.value)
     assert processes_gone(pids)
     # the next run in the same process works
-    with Pipeline([tiny["high"], tiny["target"]]) as pipe:
+    with Pipeline([by_name["high"], by_name["target"]]) as pipe:
         assert pipe.generate(prompts[1], MAX_NEW).tokens == reference[1]
 
 
-def test_killed_stage_process_gives_an_error_quickly(tiny, prompts):
-    pipe = Pipeline([tiny["medium"], tiny["high"], tiny["target"]])
+def test_killed_stage_process_gives_an_error_quickly(by_name, prompts):
+    pipe = Pipeline([by_name["medium"], by_name["high"], by_name["target"]])
     pipe.start()
     pids = list(pipe.pids)
     os.kill(pids[1], signal.SIGKILL)
@@ -212,23 +217,23 @@ def test_killed_stage_process_gives_an_error_quickly(tiny, prompts):
 
 
 @pytest.mark.parametrize("strategy", ["sd", "pipespec"])
-def test_hanging_stage_is_detected(tiny, prompts, strategy):
-    pipe = Pipeline([tiny["high"], tiny["target"]], strategy=strategy, lookahead=4, stall_timeout_s=3)
+def test_hanging_stage_is_detected(by_name, prompts, strategy):
+    pipe = Pipeline([by_name["high"], by_name["target"]], strategy=strategy, lookahead=4, stall_timeout_s=3)
     pipe.start()
     started = time.monotonic()
     with pytest.raises(StageError, match="stage 0:.*stopped responding"):
-        pipe.generate(prompts[0], MAX_NEW, fault={"stage": 0, "after_steps": 1, "action": "hang"})
+        pipe.generate(prompts[0], MAX_NEW, faults=FaultPlan(stage=0, after_steps=1, action="hang"))
     assert time.monotonic() - started < 10
     assert processes_gone(pipe.pids)
 
 
-def test_mismatched_tokenizers_refused_before_start(tiny, tmp_path):
+def test_mismatched_tokenizers_refused_before_start(by_name, tmp_path):
     from pipespec.tiny import make_tokenizer
 
     other = build_tiny_hierarchy(tmp_path, [])[0]
     make_tokenizer(300).save_pretrained(other)
     with pytest.raises(ConfigError, match="does not share the target's tokenizer"):
-        Pipeline([other, tiny["target"]])
+        Pipeline([other, by_name["target"]])
 
 
 @pytest.mark.parametrize(
@@ -246,15 +251,15 @@ def test_mismatched_tokenizers_refused_before_start(tiny, tmp_path):
         (["TARGET", "TARGET"], {"draft_confidence": -0.1}, "draft_confidence"),
     ],
 )
-def test_bad_configuration_is_a_clear_error(tiny, stages, options, message):
-    stages = [tiny["target"] if s == "TARGET" else s for s in stages]
-    stages = [{**s, "model": tiny["target"]} if isinstance(s, dict) else s for s in stages]
+def test_bad_configuration_is_a_clear_error(by_name, stages, options, message):
+    stages = [by_name["target"] if s == "TARGET" else s for s in stages]
+    stages = [{**s, "model": by_name["target"]} if isinstance(s, dict) else s for s in stages]
     with pytest.raises(ConfigError, match=message):
         Pipeline(stages, **options)
 
 
-def test_bad_generate_arguments(tiny):
-    pipe = Pipeline([tiny["high"], tiny["target"]])
+def test_bad_generate_arguments(by_name):
+    pipe = Pipeline([by_name["high"], by_name["target"]])
     with pytest.raises(ConfigError, match="max_new_tokens"):
         pipe.generate([5, 6], 0)
     with pytest.raises(ConfigError, match="context"):
@@ -264,14 +269,14 @@ def test_bad_generate_arguments(tiny):
     assert not pipe.started  # nothing was started for a refused call
 
 
-def test_stages_started_by_an_external_launcher(tiny, prompts, reference, tmp_path):
+def test_stages_started_by_an_external_launcher(by_name, prompts, reference, tmp_path):
     """The torchrun path: stage ranks are separate programs that find the driver by address."""
     import json
     import socket
     import subprocess
     import sys
 
-    stages = [tiny["medium"], tiny["high"], tiny["target"]]
+    stages = [by_name["medium"], by_name["high"], by_name["target"]]
     (tmp_path / "stages.json").write_text(json.dumps(stages))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -294,10 +299,10 @@ def test_stages_started_by_an_external_launcher(tiny, prompts, reference, tmp_pa
             p.kill()
 
 
-def test_quiet_links_outlive_the_start_timeout(tiny, prompts, reference):
+def test_quiet_links_outlive_the_start_timeout(by_name, prompts, reference):
     """No message ever flows from the first stage to the target: that link must not time out.
     (gloo's group timeout once ended such a receive after start_timeout_s, killing long runs.)"""
-    with Pipeline([tiny["medium"], tiny["high"], tiny["target"]], start_timeout_s=8) as pipe:
+    with Pipeline([by_name["medium"], by_name["high"], by_name["target"]], start_timeout_s=8) as pipe:
         assert pipe.generate(prompts[0], MAX_NEW).tokens == reference[0]
         time.sleep(10)
         assert pipe.generate(prompts[1], MAX_NEW, strategy="sd", lookahead=2).tokens == reference[1]

@@ -8,6 +8,8 @@ import torch.
 """
 
 import base64
+import copy
+import json
 import re
 import shutil
 import subprocess
@@ -17,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from analysis import figures, report, wallclock
-from analysis.results import find_runs
+from analysis import import_official as official
+from analysis.results import find_runs, greedy_reference, select_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "results_tiny"
 OFFICIAL_DIR = REPO_ROOT.parent / "shared/reference/pipespec-official-results/humaneval"
-FIGURES = ("fig3_accepted_histogram", "fig4_lookahead", "fig5_timeline", "rho_alpha", "predicted_measured",
-           "speedup_depth")
+OFFICIAL_FIGURES = ("fig3_accepted_histogram", "fig4_lookahead", "fig5_gpu_utilisation", "rho_alpha",
+                    "model_measured", "speedup_depth")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -38,17 +41,21 @@ def _run(*args, timeout=180):
 def test_all_figures_from_logs_and_fixture(tmp_path):
     written, notes = figures.make_figures(OFFICIAL_DIR, FIXTURE, tmp_path)
     names = {p.name for p in written}
-    for figure in FIGURES:
-        for suffix in ("png", "pdf"):
+    for figure in OFFICIAL_FIGURES:
+        for suffix in ("png", "pdf", "csv"):
             assert f"{figure}_official.{suffix}" in names, notes
     # the fixture has one lookahead per strategy: no lookahead curve, said in a note
     assert "fig4_lookahead_ours.png" not in names
     assert any("fig4_lookahead_ours" in note and "lookahead" in note for note in notes)
-    for figure in ("fig3_accepted_histogram", "fig5_timeline", "rho_alpha", "predicted_measured", "speedup_depth"):
+    for figure in ("fig3_accepted_histogram", "fig5_timeline", "rho_alpha", "model_measured", "speedup_depth"):
         assert f"{figure}_ours.png" in names, notes
     for path in written:
         data = path.read_bytes()
-        assert data.startswith(PNG_MAGIC) if path.suffix == ".png" else data.startswith(b"%PDF")
+        if path.suffix == ".png":
+            assert data.startswith(PNG_MAGIC)
+        elif path.suffix == ".pdf":
+            assert data.startswith(b"%PDF")
+    assert "figures.csv" in names
 
 
 def test_cli_skips_absent_sources_with_a_note(tmp_path):
@@ -63,8 +70,52 @@ def test_cli_skips_absent_sources_with_a_note(tmp_path):
 
 def test_speedup_figure_uses_the_greedy_run():
     runs = find_runs([FIXTURE])
-    greedy = figures._greedy_for(runs[2], runs)
-    assert greedy is runs[0]
+    assert greedy_reference(runs[2], runs) is runs[0]
+
+
+def test_runs_are_selected_by_what_they_are(tmp_path):
+    """A synthetic-acceptance run or one of another budget never joins the exact runs' figures, and a
+    sampled run never meets a greedy-decoded reference."""
+    runs = find_runs([FIXTURE])
+    synthetic = copy.deepcopy(runs[2])
+    synthetic.summary.update(acceptance="synthetic", lossless=False, synthetic_rate=0.5)
+    other_budget = copy.deepcopy(runs[0])
+    other_budget.summary["n_samples"] = runs[0].n_samples + 1
+    sampled = copy.deepcopy(runs[1])
+    sampled.summary["sampling"] = {"temperature": 0.7}
+    pool = runs + [synthetic, other_budget, sampled]
+    assert select_runs(pool, lossless=False) == [synthetic]
+    assert greedy_reference(sampled, pool) is None  # only greedy-decoded AR runs here
+    assert greedy_reference(synthetic, pool) is runs[0]
+    sets = figures.exact_run_sets(pool)
+    assert list(sets.values()) == [runs]  # the other budget holds only a greedy run: no figure of its own
+    assert set(figures.synthetic_figures(pool)) == {"synthetic_acceptance"}
+
+
+@pytest.mark.skipif(not OFFICIAL_DIR.is_dir(), reason=f"official logs absent: {OFFICIAL_DIR}")
+def test_official_gpu_figure_averages_active_gpus_only():
+    logs = official.load_dir(OFFICIAL_DIR)
+    drawn = figures.official_figures(logs, OFFICIAL_DIR)["fig5_gpu_utilisation"]()
+    greedy = next(g for g in wallclock.largest_target_logs(logs) if g.strategy == "greedy")
+    raw = json.loads(greedy.path.read_text())
+    devices = [int(d.split(":")[1]) for c in raw["metadata"]["model_configs"] for d in c["devices"]]
+    stats = raw["results"][0]["gpustats"]
+    expected = sum(s["gpu_utilizations"][g] for s in stats for g in devices) / (len(stats) * len(devices))
+    everything = sum(sum(s["gpu_utilizations"]) for s in stats) / (len(stats) * len(stats[0]["gpu_utilizations"]))
+    row = drawn.rows[0]
+    assert row["panel"].startswith("AR") and row["mean_utilisation_percent_per_active_gpu"] == pytest.approx(expected)
+    assert expected > everything  # the idle GPUs would have diluted it
+    assert row["energy_j_per_token_per_active_gpu"] > 0
+    assert "70B (GPU" in row["active_gpus"] or "70B" in row["active_gpus"]
+
+
+@pytest.mark.skipif(not OFFICIAL_DIR.is_dir(), reason=f"official logs absent: {OFFICIAL_DIR}")
+def test_rho_alpha_has_a_colour_bar_and_says_lower_bound():
+    logs = official.load_dir(OFFICIAL_DIR)
+    drawn = figures.official_figures(logs, OFFICIAL_DIR)["rho_alpha"]()
+    main_axis, bar = drawn.fig.axes[:2]
+    assert "lower bound" in main_axis.get_xlabel() and "MLE" not in main_axis.get_xlabel()
+    assert "gamma" in bar.get_ylabel()
 
 
 # --------------------------------------------------------------------------- report
@@ -91,6 +142,9 @@ def test_report_holds_both_models_errors_per_run(fixture_report):
         assert f"Run: {evaluation.run.label}" in md
     assert "rho (Eq. 3)" in md and "alpha (MLE +- se)" in md
     assert "3/3 runs within 15%" in md
+    # every number is labelled: the wall-clock model is an in-sample decomposition, no held-out prediction
+    assert "| ours tok/s (in-sample) |" in md and "| in-sample decomposition |" in md
+    assert md.count("| held-out prediction | none |") == len(evaluations)
 
 
 def test_report_html_is_self_contained(fixture_report):

@@ -173,6 +173,35 @@ def test_cli_empty_folder(tmp_path):
     assert "no log files" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_results_folder_or_its_log_subfolder(tmp_path):
+    """The published results folder holds its logs in humaneval/: either folder is accepted."""
+    logs = tmp_path / "humaneval"
+    logs.mkdir()
+    _write_log(logs / "sd.json")
+    (tmp_path / "README.md").write_text("about the logs")
+    assert io_.log_dir(tmp_path) == logs and io_.log_dir(logs) == logs
+    assert [r.file for r in io_.import_dir(tmp_path)] == [r.file for r in io_.import_dir(logs)] == ["sd.json"]
+    result = _run_cli(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "1B,8B" in result.stdout
+
+
+def test_several_log_subfolders_are_ambiguous(tmp_path):
+    for name in ("humaneval", "cnndm"):
+        (tmp_path / name).mkdir()
+        _write_log(tmp_path / name / "sd.json")
+    result = _run_cli(tmp_path)
+    assert result.returncode == 2
+    assert "cnndm, humaneval" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_official
+def test_cli_accepts_the_published_results_folder():
+    result = _run_cli(OFFICIAL_DIR.parent)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1 + len(list(OFFICIAL_DIR.glob("*.json")))
+
+
 @pytest.mark.parametrize(
     "content,reason",
     [

@@ -23,14 +23,14 @@ def test_summarize_runs_pools_pairs_and_counts_identical():
     }
     row = summarize_runs(runs, n_stages=2)
     assert row["n"] == 2
-    assert row["pairs"] == [{"acceptance_rate": 6 / 10, "mean_accepted_per_verify": 2.0}]
+    assert row["pairs"] == [{"draft_acceptance_rate": 6 / 10, "mean_acceptance_length": 3.0}]
     assert row["greedy"] == {"tokens_per_s": 2.5, "identical": 2}
     assert row["sd"]["identical"] == 1 and row["sd"]["tokens_per_s"] == 5.0
     assert row["pipespec"]["tokens_per_s"] == 10.0
 
 
 def test_format_card_has_a_row_per_pair_and_the_costs():
-    row = {"n": 2, "pairs": [{"acceptance_rate": 0.5, "mean_accepted_per_verify": None}],
+    row = {"n": 2, "pairs": [{"draft_acceptance_rate": 0.5, "mean_acceptance_length": None}],
            "greedy": {"tokens_per_s": 1, "identical": 2}, "sd": {"tokens_per_s": 2, "identical": 2},
            "pipespec": {"tokens_per_s": 3, "identical": 1}}
     cards = {"h": {"stages": ["0:a", "1:b"], "idle_cpu": 0.001, **{d: row for d in DATASETS}}}

@@ -16,12 +16,12 @@ import time
 import pytest
 import torch
 
-from pipespec.api import Pipeline
-from pipespec.errors import StageError
-from pipespec.decoding import greedy_generate
-from pipespec.models import CausalLMRunner, StageSpec, load_model
 from experiments.reliability import processes_gone
-from pipespec.tiny import build_tiny_hierarchy, random_prompts
+from pipespec.decoding import greedy_generate
+from pipespec.errors import StageError
+from pipespec.faults import FaultPlan
+from pipespec.models import CausalLMRunner, StageSpec, load_model
+from pipespec.tiny import random_prompts
 
 STALL_S = 3  # stall_timeout_s of every pipeline here
 ERROR_WITHIN_S = 10  # the bound every fault is held to
@@ -29,17 +29,16 @@ MAX_NEW = 16
 SEED = 9
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    draft_low, draft_high, target = build_tiny_hierarchy(tmp_path_factory.mktemp("reliability"), [0.3, 0.05])
-    return {2: [draft_high, target], 3: [draft_low, draft_high, target]}
+TINY = {"noise": [0.3, 0.05]}
+PIPELINE_OPTIONS = {"strategy": "pipespec", "stall_timeout_s": STALL_S}  # one Pipeline per depth for the whole
+# module (`pipes`): after each fault the next call restarts its stages
 
 
 @pytest.fixture(scope="module")
-def cases(models):
+def cases(tiny):
     """Prompts whose greedy output runs the whole budget (no early EOS), with those outputs."""
     torch.set_num_threads(1)
-    runner = CausalLMRunner(load_model(StageSpec(model=models[2][-1])))
+    runner = CausalLMRunner(load_model(StageSpec(model=tiny[-1])))
     found = []
     for prompt in random_prompts(20, length=10, seed=SEED):
         expected = greedy_generate(runner, prompt, MAX_NEW, [1])
@@ -47,15 +46,6 @@ def cases(models):
             found.append((prompt, expected))
     assert len(found) >= 2
     return found[:2]
-
-
-@pytest.fixture(scope="module")
-def pipes(models):
-    """One Pipeline per depth for the whole module: after each fault the next call restarts its stages."""
-    made = {k: Pipeline(paths, strategy="pipespec", stall_timeout_s=STALL_S) for k, paths in models.items()}
-    yield made
-    for pipe in made.values():
-        pipe.close()
 
 
 def fail_then_recover(pipe, cases, strategy, fault) -> tuple[str, float]:
@@ -66,7 +56,7 @@ def fail_then_recover(pipe, cases, strategy, fault) -> tuple[str, float]:
     pids = list(pipe.pids)
     started = time.monotonic()
     with pytest.raises(StageError) as error:
-        pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=2, fault=fault)
+        pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=2, faults=FaultPlan(**fault))
     took = time.monotonic() - started
     assert took < ERROR_WITHIN_S, (fault, took)
     assert processes_gone(pids), f"stage processes left after {fault}"
@@ -134,7 +124,7 @@ def test_a_lost_drafts_message_is_recovered_or_named(pipes, cases):
     for nth in (1, 3):
         try:
             fault = {"stage": 0, "action": "drop", "message": "drafts", "nth": nth}
-            result = pipes[3].generate(prompt, MAX_NEW, strategy="pipespec", fault=fault)
+            result = pipes[3].generate(prompt, MAX_NEW, strategy="pipespec", faults=FaultPlan(**fault))
         except StageError as error:
             assert "stopped responding" in str(error)
         else:
@@ -152,7 +142,7 @@ def test_a_lost_drafts_message_is_recovered_or_named(pipes, cases):
 def test_delayed_messages_change_nothing_but_the_time(pipes, cases, k, strategy, fault):
     (prompt, expected), _ = cases
     result = pipes[k].generate(prompt, MAX_NEW, strategy=strategy, lookahead=2,
-                               fault={**fault, "action": "delay", "delay_s": 0.5})  # fmt: skip
+                               faults=FaultPlan(**{**fault, "action": "delay", "delay_s": 0.5}))  # fmt: skip
     assert result.tokens == expected
     if fault["message"] != "result":  # the result's delay falls after the timed part
         assert result.time_s >= 0.5

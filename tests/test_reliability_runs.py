@@ -18,16 +18,17 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from pipespec.api import Pipeline
+from pipespec.conf import CONF_DIR
 from pipespec.errors import StageError
+from pipespec.faults import FaultPlan
 from experiments.reliability import processes_gone
 from pipespec.results import RECORD_KEYS, read_records, read_summary, read_trace
 
-ROOT = Path(__file__).resolve().parent.parent
 SEED = 9
 
 
 def composed(*overrides) -> dict:
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
 
@@ -70,7 +71,7 @@ def test_a_stage_fault_mid_run_leaves_valid_results_and_resume_completes(tmp_pat
         calls.append(prompt)
         if len(calls) == 2:  # the second sample
             pids.extend(self.pids)
-            options["fault"] = fault
+            options["faults"] = FaultPlan(**fault)
         return original(self, prompt, max_new_tokens, **options)
 
     monkeypatch.setattr(Pipeline, "generate", generate)

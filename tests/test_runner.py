@@ -13,6 +13,7 @@ import psutil
 import pytest
 from hydra import compose, initialize_config_dir
 
+from pipespec.conf import CONF_DIR
 from pipespec.results import (
     RunStore,
     ResultsError,
@@ -22,13 +23,13 @@ from pipespec.results import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-CONF = ROOT / "conf"
+CONF = CONF_DIR
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SUMMARY_FIELDS = (
     "strategy", "models", "dataset", "n_samples", "new_tokens", "total_time_s", "ms_per_token",
     "tokens_per_s", "stages", "identical_to_greedy", "speedup_vs_greedy",
 )  # fmt: skip
-STAGE_FIELDS = ("name", "acceptance_rate", "mean_accepted_per_verify", "verify_fraction", "busy_fraction")
+STAGE_FIELDS = ("name", "draft_acceptance_rate", "mean_acceptance_length", "verify_fraction", "busy_fraction")
 SAMPLE_FIELDS = ("sample_id", "output_ids", "output_text", "new_tokens", "time_s")
 
 

@@ -26,14 +26,15 @@ import pytest
 import torch
 from scipy.stats import chi2, chisquare, norm
 
+from pipespec.faults import FaultPlan
 from pipespec.api import Pipeline
 from pipespec.decoding import greedy_generate
 from pipespec.errors import ConfigError
 from pipespec.models import CausalLMRunner, StageSpec, load_model
 from pipespec.schedule import roles
-from pipespec.stage import Job, StageRequest
-from pipespec.tiny import build_tiny_hierarchy
-from pipespec.verify import Sampling, encode_dist, point_mass, sampling_probs, speculative_verify
+from pipespec.protocol import Job
+from pipespec.stage import StageRequest
+from pipespec.verify import Acceptance, Sampling, encode_dist, point_mass, sampling_probs, speculative_verify
 
 VOCAB = 16
 PROMPT = [3, 5, 7, 9]
@@ -41,9 +42,7 @@ PASS_P = 1e-4  # a correct rule fails with this probability (pipespec is not see
 FAIL_P = 1e-6  # a wrong rule must be at least this clearly wrong
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    torch.set_num_threads(1)  # in-process rule tests: thread pools only add latency on tiny tensors
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def chi2_pvalue(counts: Counter, expected: dict) -> float:
@@ -202,7 +201,7 @@ class _NoModel:
 def test_distribution_mirror_survives_rollbacks():
     """A verifier's drafts come with exactly the distributions the drafter last sent for them."""
     rng = np.random.default_rng(0)
-    job = Job(1, [1], 10_000, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "v"], sampling=Sampling(1.0))
+    job = Job(1, [1], 10_000, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "v"], sampling=Sampling(1.0), acceptance=Acceptance())
     drafter_wire, verifier_wire = _Wire(), _Wire()
     drafter = StageRequest(0, job, _NoModel(), drafter_wire, job.stage_names)
     verifier = StageRequest(1, job, _NoModel(), verifier_wire, job.stage_names)
@@ -266,24 +265,14 @@ TOP_K = Sampling(temperature=0.6, top_k=8)  # peaked targets: each token says mo
 TOP_P = Sampling(temperature=1.0, top_p=0.95)
 
 
-@pytest.fixture(scope="module")
-def tiny16(tmp_path_factory):
-    """drafter (weight noise 0.08), middle (0.03), target; one layer, vocabulary 16, no EOS. Both
-    outcomes of the ratio test are common, and high acceptance and one layer keep a token cheap."""
-    return build_tiny_hierarchy(
-        tmp_path_factory.mktemp("tiny16"), [0.08, 0.03], eos_token_id=None, vocab_size=VOCAB, num_layers=1
-    )
+# drafter (weight noise 0.08), middle (0.03), target; one layer, vocabulary 16, no EOS. Both
+# outcomes of the ratio test are common, and high acceptance and one layer keep a token cheap.
+TINY = {"noise": [0.08, 0.03], "eos_token_id": None, "vocab_size": VOCAB, "num_layers": 1}
 
 
 @pytest.fixture(scope="module")
-def pipes(tiny16):
-    with Pipeline(tiny16[1:]) as k2, Pipeline(tiny16) as k3:
-        yield {2: k2, 3: k3}
-
-
-@pytest.fixture(scope="module")
-def target_model(tiny16):
-    return load_model(StageSpec(model=tiny16[-1]))
+def target_model(tiny):
+    return load_model(StageSpec(model=tiny[-1]))
 
 
 def random_prompt(seed: int) -> list[int]:
@@ -384,8 +373,8 @@ def test_pipeline_samples_the_target_distribution(pipes, target_model, case):
     "strategy, k, wrong_stage, sampling, calls", [("sd", 2, 1, TOP_K, 40), ("pipespec", 3, 1, Sampling(1.0), 40)]
 )
 def test_a_wrong_rule_fails_the_same_test(pipes, target_model, strategy, k, wrong_stage, sampling, calls):
-    wrong = {"stage": wrong_stage, "action": "accept_drafts"}
-    results = draw_outputs(pipes[k], strategy, 2, sampling, calls, fault=wrong)
+    wrong = FaultPlan(stage=wrong_stage, action="accept_drafts")
+    results = draw_outputs(pipes[k], strategy, 2, sampling, calls, faults=wrong)
     assert not results[-1].lossless
     kept = [r.summary()[wrong_stage] for r in results]
     assert sum(s["offered"] for s in kept) > 0 and all(s["accepted"] == s["offered"] for s in kept)
@@ -431,8 +420,8 @@ def test_a_seed_replays_sd_and_greedy(pipes):
     assert replay.tokens == fresh.tokens
 
 
-def test_temperature_zero_is_greedy_whatever_the_other_options(pipes, tiny16):
-    runner = CausalLMRunner(load_model(StageSpec(model=tiny16[-1])))
+def test_temperature_zero_is_greedy_whatever_the_other_options(pipes, tiny):
+    runner = CausalLMRunner(load_model(StageSpec(model=tiny[-1])))
     for prompt in ([3, 5, 7, 9], [2, 11, 4], [8]):
         expected = greedy_generate(runner, prompt, 16, [])
         for strategy, lookahead in (("greedy", 0), ("sd", 3), ("pipespec", 0), ("pipespec", 2)):
@@ -457,10 +446,10 @@ def test_temperature_zero_is_greedy_whatever_the_other_options(pipes, tiny16):
         ({"seed": "abc"}, "seed"),
     ],
 )
-def test_bad_sampling_options_are_clear_errors(tiny16, options, message):
+def test_bad_sampling_options_are_clear_errors(tiny, options, message):
     with pytest.raises(ConfigError, match=message):
-        Pipeline(tiny16[1:], **options)
-    pipe = Pipeline(tiny16[1:])
+        Pipeline(tiny[1:], **options)
+    pipe = Pipeline(tiny[1:])
     with pytest.raises(ConfigError, match=message):
         pipe.generate(PROMPT, 3, **options)
     assert not pipe.started

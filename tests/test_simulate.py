@@ -75,8 +75,13 @@ def test_sync_sd_three_stages_and_gamma_zero():
     result = sim.simulate_sync_sd(costs, [0.7, 0.9], 6, 2000, seed=2)
     assert len(result.accepted_per_verify) == 2
     assert max(result.offered_counts[1]) <= 7  # the middle stage offers its accepted drafts plus its own token
-    ar_like = sim.simulate_sync_sd(costs, [0.7, 0.9], 0, 100)
+    ar_like = sim.simulate_sync_sd(costs[1:], [0.9], 0, 100)
     assert ar_like.total_time == pytest.approx(100 * 1.0)  # no drafting: the target steps alone
+    # three stages, window 0: as in the engine (pipespec.schedule's sd roles), the first stage never
+    # drafts, the middle takes one-token steps and the target verifies each of them
+    chain = sim.simulate_sync_sd(costs, [0.7, 0.9], 0, 100)
+    assert chain.steps[0] == 0 and set(chain.offered_counts[1]) == {1}
+    assert chain.total_time == pytest.approx(chain.target_steps * (0.1 + 1.0))
 
 
 # --------------------------------------------------------------------------- PipeSpec vs the paper's model

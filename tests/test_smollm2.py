@@ -10,6 +10,7 @@ from pipespec.models import CausalLMRunner, load_model
 from pipespec.prepare import is_prepared, prepare_smollm2
 
 MAX_NEW = 48
+pytestmark = pytest.mark.slow  # real models: `-m "not slow"` skips them; scripts/test.sh runs everything
 
 
 @pytest.fixture(scope="module")

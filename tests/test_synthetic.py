@@ -3,7 +3,7 @@
 The coin is tossed per examined draft, until the first tails (like vLLM's synthetic rejection
 sampler, whose rate is the conditional acceptance rate). So the rate r shows in the traces as
 accepted / (accepted + rejections): every examined draft is a Bernoulli(r) trial. The trace
-summary's `acceptance_rate` is accepted / offered, and offered also counts the drafts after the
+summary's `draft_acceptance_rate` is accepted / offered, and offered also counts the drafts after the
 first rejection that no coin was tossed for; its expectation given the offered counts n of each
 verification is sum over verifications of r (1 - r^n) / (1 - r), divided by the drafts offered,
 which the tests check too.
@@ -15,7 +15,7 @@ from pipespec.api import Pipeline
 from pipespec.decoding import greedy_generate
 from pipespec.errors import ConfigError
 from pipespec.models import CausalLMRunner, StageSpec, load_model
-from pipespec.tiny import build_tiny_hierarchy, random_prompts
+from pipespec.tiny import random_prompts
 
 MAX_NEW = 64
 # pipespec verifiers wait for 2 drafts (lookahead 2): these tiny stages all step equally fast, so with
@@ -23,16 +23,8 @@ MAX_NEW = 64
 TOLERANCE_SD = 4.0  # a correct rule fails with probability ~1e-4 (pipespec is not seeded exactly)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """drafter (weight noise 0.3), middle (0.05), target; vocabulary 256, no EOS (full-length outputs)."""
-    return build_tiny_hierarchy(tmp_path_factory.mktemp("tiny_synthetic"), [0.3, 0.05], eos_token_id=None)
-
-
-@pytest.fixture(scope="module")
-def pipes(tiny):
-    with Pipeline(tiny[1:]) as k2, Pipeline(tiny) as k3:
-        yield {2: k2, 3: k3}
+# drafter (weight noise 0.3), middle (0.05), target; vocabulary 256, no EOS (full-length outputs)
+TINY = {"noise": [0.3, 0.05], "eos_token_id": None}
 
 
 def verify_rows(results, stage):
@@ -54,7 +46,7 @@ def check_conditional_rate(rows, rate):
 
 
 def check_summary_rate(results, stage, rows, rate):
-    """summarize_stage's acceptance_rate (accepted / offered) against its exact expectation given the offers."""
+    """summarize_stage's draft_acceptance_rate (accepted / offered) against its exact expectation given the offers."""
     offered = sum(o for o, _ in rows)
     summaries = [r.summary()[stage] for r in results]
     assert sum(s["offered"] for s in summaries) == offered

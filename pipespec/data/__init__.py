@@ -6,7 +6,7 @@
     rouge_scores(predictions, references)   -> {"rouge1", "rouge2", "rougeL"}
     pass_at_1(problems, completions, allow_code_execution=True) -> {"pass@1", ...}
 
-Configs are plain mappings (dicts or OmegaConf nodes) shaped like conf/dataset/*.yaml.
+Configs are plain mappings (dicts or OmegaConf nodes) shaped like pipespec/conf/dataset/*.yaml.
 """
 
 from .loaders import (

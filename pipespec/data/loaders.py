@@ -4,7 +4,7 @@ Every loader returns a `LoadedDataset`: a list of uniform `Sample` records plus 
 description (name, label, stand-in flag, origin, selection) for results and reports.
 
 Entry point: `load_dataset(cfg)`, where `cfg` is a plain mapping (dict or OmegaConf
-node) with the fields of a `conf/dataset/*.yaml` file:
+node) with the fields of a `pipespec/conf/dataset/*.yaml` file:
 
     name             results key, e.g. "cnn_dailymail" or "news_lee_xsum"
     loader           "humaneval" | "hub" | "news_lee"
@@ -133,7 +133,7 @@ class LoadedDataset:
 
 
 def load_dataset(cfg: Mapping[str, Any]) -> LoadedDataset:
-    """Load and select the samples described by one `conf/dataset/*.yaml` mapping."""
+    """Load and select the samples described by one `pipespec/conf/dataset/*.yaml` mapping."""
     loader = _required(cfg, "loader")
     if loader not in _LOADERS:
         raise DataError(

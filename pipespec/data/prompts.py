@@ -1,6 +1,6 @@
 """Prompt construction from per-dataset, per-model-family templates.
 
-A template config is the `prompt` mapping of a `conf/dataset/*.yaml` file:
+A template config is the `prompt` mapping of a `pipespec/conf/dataset/*.yaml` file:
 
     base:   plain-text prompt for base (non-instruct) models
     chat:   user message for chat/instruct models; the tokenizer's chat template is

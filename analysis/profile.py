@@ -1,0 +1,233 @@
+"""Read a machine profile (`python -m experiments.profile`, `pipespec.profiling`) without torch.
+
+    python -m analysis.profile PROFILE.json      # what it holds, and whether it fits this machine
+
+A file that is not a profile, or a corrupt one, is a `ProfileError` (the command prints one
+`error:` line and exits 2). A profile measured on another machine, hierarchy or library version
+loads, and `mismatches` names what differs (a warning; `auto` refuses it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Sequence
+
+from analysis.fit import CostFit, fit_step_cost
+
+FORMAT = "pipespec-profile"
+VERSION = 1
+MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
+
+
+class ProfileError(ValueError):
+    """Not a readable pipespec profile; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    name: str
+    kind: str
+    step_s_alone: tuple[float, ...]  # t(n), n = 1.. (empty for a model-free stage)
+    step_s_loaded: tuple[float, ...]  # t(n) while the other model stages run
+    prefill_s_per_token: float
+
+    @property
+    def model_free(self) -> bool:
+        return self.kind in MODEL_FREE_KINDS
+
+    def cost_fit(self, other_model_stages: int) -> CostFit:
+        """The one t(n) fit (`analysis.fit.fit_step_cost`) over alone and loaded points: its contention
+        is the slowdown per other computing stage."""
+        n = list(range(1, len(self.step_s_alone) + 1))
+        others = [0] * len(n) + [other_model_stages] * len(n)
+        return fit_step_cost(n + n, list(self.step_s_alone) + list(self.step_s_loaded), others)
+
+
+@dataclass(frozen=True)
+class PairProfile:
+    drafter: str
+    verifier: str
+    acceptance_by_position: tuple[float, ...]  # P(draft p accepted | drafts before it accepted)
+    proposal_rate: float  # share of starts where the drafter proposed anything
+    mean_proposal_length: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    path: str
+    hierarchy: str
+    stages: tuple[StageProfile, ...]
+    pairs: tuple[PairProfile, ...]
+    machine: dict
+    sample_ids: tuple[str, ...]
+    dataset: str | None
+    handoff_s: float
+    duration_s: float
+
+
+def _number(value: Any, where: str, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        raise ProfileError(f"{where} must be a finite number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _numbers(value: Any, where: str, minimum: float = 0.0) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise ProfileError(f"{where} must be a list of numbers, got {type(value).__name__}")
+    return tuple(_number(v, f"{where}[{i}]", minimum) for i, v in enumerate(value))
+
+
+def _stage(data: Any, i: int) -> StageProfile:
+    where = f"stages[{i}]"
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ProfileError(f"{where} must be an object with a name")
+    kind = data.get("kind", "hf")
+    if kind in MODEL_FREE_KINDS:
+        return StageProfile(data["name"], kind, (), (), 0.0)
+    alone = _numbers(data.get("step_s_alone"), f"{where}.step_s_alone")
+    loaded = _numbers(data.get("step_s_loaded"), f"{where}.step_s_loaded")
+    if not alone or len(alone) != len(loaded) or min(alone) <= 0:
+        raise ProfileError(f"{where}: step_s_alone and step_s_loaded need the same number (>= 1) of positive times")
+    prefill = _number(data.get("prefill_s_per_token"), f"{where}.prefill_s_per_token")
+    return StageProfile(data["name"], kind, alone, loaded, prefill)
+
+
+def _pair(data: Any, i: int) -> PairProfile:
+    where = f"pairs[{i}]"
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where} must be an object")
+    rates = data.get("acceptance_by_position")
+    if not isinstance(rates, list) or not rates:
+        raise ProfileError(f"{where}.acceptance_by_position must be a non-empty list")
+    # a position no draft reached has no rate (None): it is treated as a rejection there
+    clean = tuple(0.0 if r is None else _number(r, f"{where}.acceptance_by_position[{p}]") for p, r in enumerate(rates))
+    if max(clean) > 1:
+        raise ProfileError(f"{where}.acceptance_by_position holds a rate above 1")
+    return PairProfile(
+        str(data.get("drafter")), str(data.get("verifier")), clean,
+        _number(data.get("proposal_rate"), f"{where}.proposal_rate"),
+        _number(data.get("mean_proposal_length"), f"{where}.mean_proposal_length"),
+    )  # fmt: skip
+
+
+def parse_profile(data: Any, path: str = "<profile>") -> Profile:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileError(f"{path} is not a pipespec profile (no \"format\": \"{FORMAT}\")")
+    if data.get("version") != VERSION:
+        raise ProfileError(f"{path} is profile version {data.get('version')!r}; this reader knows version {VERSION}")
+    stages = data.get("stages")
+    pairs = data.get("pairs")
+    if not isinstance(stages, list) or len(stages) < 1 or not isinstance(pairs, list):
+        raise ProfileError(f"{path}: stages and pairs must be lists")
+    parsed = tuple(_stage(s, i) for i, s in enumerate(stages))
+    if len(pairs) != len(parsed) - 1:
+        raise ProfileError(f"{path}: {len(parsed)} stages need {len(parsed) - 1} pairs, got {len(pairs)}")
+    if parsed[-1].model_free:
+        raise ProfileError(f"{path}: the target (last stage) must be a model")
+    hierarchy = data.get("hierarchy")
+    if not isinstance(hierarchy, dict) or not isinstance(hierarchy.get("name"), str):
+        raise ProfileError(f"{path}: hierarchy.name missing")
+    ids = data.get("sample_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ProfileError(f"{path}: sample_ids must be a list of strings")
+    handoff = data.get("handoff_s")
+    return Profile(
+        path=path, hierarchy=hierarchy["name"], stages=parsed, pairs=tuple(_pair(p, i) for i, p in enumerate(pairs)),
+        machine=data.get("machine") if isinstance(data.get("machine"), dict) else {}, sample_ids=tuple(ids),
+        dataset=data.get("dataset"), handoff_s=0.0 if handoff is None else _number(handoff, "handoff_s"),
+        duration_s=_number(data.get("duration_s", 0.0), "duration_s"),
+    )  # fmt: skip
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "profile.json"
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise ProfileError(f"cannot read {path}: {error.strerror or error}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProfileError(f"{path} is not valid JSON ({error})") from None
+    return parse_profile(data, str(path))
+
+
+# ---- does it fit here? ----------------------------------------------------------------------------
+
+
+def _cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def this_machine() -> dict:
+    """The facts a profile is compared on, read without importing torch."""
+    return {"cpu": _cpu_name(), "torch": _version("torch"), "transformers": _version("transformers")}
+
+
+def mismatches(profile: Profile, hierarchy: str | None = None, here: dict | None = None) -> list[str]:
+    """What differs between the profile and this machine / the hierarchy to run; [] when it fits."""
+    here = this_machine() if here is None else here
+    found = []
+    if hierarchy is not None and hierarchy != profile.hierarchy:
+        found.append(f"hierarchy: profile {profile.hierarchy!r}, run {hierarchy!r}")
+    cpu = (profile.machine.get("cpu") or {}).get("name")
+    if here.get("cpu") and cpu and cpu != here["cpu"]:
+        found.append(f"cpu: profile {cpu!r}, here {here['cpu']!r}")
+    libraries = profile.machine.get("libraries") or {}
+    for name in ("torch", "transformers"):
+        if here.get(name) and libraries.get(name) and libraries[name] != here[name]:
+            found.append(f"{name}: profile {libraries[name]}, here {here[name]}")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        print("usage: python -m analysis.profile PROFILE.json", file=sys.stderr)
+        return 2
+    try:
+        profile = load_profile(argv[0])
+    except ProfileError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for problem in mismatches(profile):
+        print(f"warning: profile from elsewhere: {problem}", file=sys.stderr)
+    print(f"{profile.path}: hierarchy {profile.hierarchy}, {len(profile.sample_ids)} prompts of {profile.dataset}, "
+          f"measured in {profile.duration_s:.0f} s, handoff {1000 * profile.handoff_s:.2f} ms")  # fmt: skip
+    model_stages = sum(not s.model_free for s in profile.stages)
+    for stage in profile.stages:
+        if stage.model_free:
+            print(f"  {stage.name}: model-free")
+            continue
+        fit = stage.cost_fit(model_stages - 1)
+        print(f"  {stage.name}: t(1) {1000 * stage.step_s_alone[0]:.2f} ms, t(n) = {1000 * fit.fixed:.2f} + "
+              f"{1000 * fit.per_token:.3f} n ms, contention {fit.contention:.2f} per other stage")  # fmt: skip
+    for pair in profile.pairs:
+        rates = " ".join(f"{r:.2f}" for r in pair.acceptance_by_position)
+        print(f"  {pair.drafter} -> {pair.verifier}: acceptance by position {rates}; proposes "
+              f"{pair.proposal_rate:.0%} of the time, {pair.mean_proposal_length:.1f} tokens")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Hugging Face `generate` baselines (the bench's HF systems): what a user would run instead of pipespec on one machine.
+
+    hf = HFBaseline(target_spec, draft_spec, threads=1)
+    r = hf.generate(prompt_ids, 128, "greedy")                       # target.generate(do_sample=False)
+    r = hf.generate(prompt_ids, 128, "assisted", assisted=settings)   # assistant_model=<the int8 draft>
+    r = hf.generate(prompt_ids, 128, "prompt_lookup", prompt_lookup_num_tokens=8, max_matching_ngram_size=3)
+
+Everything runs in the calling process (the benchmark's driver) with
+`torch.set_num_threads(threads)`, the same one thread per model the pipeline's
+stage processes use. The models are loaded by `pipespec.models.load_model` from
+the same stage specs as the pipeline (so the int8 dynamic-quantized draft is the
+same model in both). Outputs are cut exactly as our greedy decoding cuts them (at
+`max_new_tokens`, or just after the first EOS) so they compare token by token.
+
+Forward hooks on the target (and the assistant) count the model calls, the tokens
+fed to each and the time spent inside them, so an HF run can be broken down like a
+pipeline trace: target compute, draft compute, everything else (generate's own
+Python: candidate bookkeeping, logits processors, stopping criteria, cache crops).
+
+Assisted-generation window settings (`num_assistant_tokens`,
+`num_assistant_tokens_schedule`, `assistant_confidence_threshold`) are read by
+transformers from the *assistant's* generation config; `generate` here sets them on
+it before every call (so a "heuristic" schedule does not carry state from one call
+to the next) and reports the settings it used.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from pipespec.decoding import final_output
+from pipespec.errors import ConfigError
+from pipespec.models import StageSpec, eos_token_ids, load_model
+from pipespec.stats import StageStats
+
+MODES = ("greedy", "assisted", "prompt_lookup")
+
+# transformers 5.x global defaults for assisted generation (GenerationConfig._get_default_generation_params)
+HF_ASSISTED_DEFAULTS = {
+    "num_assistant_tokens": 20,
+    "num_assistant_tokens_schedule": "constant",
+    "assistant_confidence_threshold": 0.4,
+}
+SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+@dataclass
+class HFResult:
+    """One HF generate call: the output (cut like greedy's) and what the model hooks saw."""
+
+    tokens: list[int]
+    time_s: float
+    mode: str
+    prompt_length: int
+    target_fed: list[int] = field(default_factory=list)  # tokens fed per target forward (first = prefill)
+    target_time_s: float = 0.0  # time inside target forwards
+    draft_calls: int = 0
+    draft_time_s: float = 0.0  # time inside assistant forwards
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target_calls(self) -> int:
+        return len(self.target_fed)
+
+    def target_stats(self) -> StageStats:
+        """The target's counts as a stage trace would give them (for pooling with `pipespec.stats`).
+
+        A target call feeds the candidates plus one pending token (the first call: the
+        prompt plus candidates) and yields accepted + 1 tokens, so the accepted total is
+        output tokens - target calls. A call that had no candidates (prompt lookup found
+        no match) is a one-token step, as in our traces. Busy = time inside target
+        forwards, wall = the generate call.
+        """
+        offered = [(fed - self.prompt_length if i == 0 else fed - 1) for i, fed in enumerate(self.target_fed)]
+        verifies = sum(1 for o in offered if o > 0)
+        return StageStats(
+            steps=self.target_calls,
+            verify_steps=verifies,
+            single_steps=self.target_calls - verifies,
+            offered=sum(max(o, 0) for o in offered),
+            accepted=max(len(self.tokens) - self.target_calls, 0),
+            produced=len(self.tokens),
+            busy_s=self.target_time_s,
+            wall_s=self.time_s,
+            output_tokens=len(self.tokens),
+        )
+
+
+class _ForwardMeter:
+    """Counts the forwards of one module, the tokens fed to each and the seconds spent inside."""
+
+    def __init__(self, module):
+        self.fed: list[int] = []
+        self.seconds = 0.0
+        self._started = None
+        self._handles = [
+            module.register_forward_pre_hook(self._pre, with_kwargs=True),
+            module.register_forward_hook(self._post),
+        ]
+
+    def reset(self) -> None:
+        self.fed, self.seconds = [], 0.0
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is None and args:
+            ids = args[0]
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        self.fed.append(int(ids.shape[1]) if ids is not None else 0)
+        self._started = time.perf_counter()
+
+    def _post(self, module, args, output):
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def assisted_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Complete and check assisted-generation window settings (missing keys: transformers' defaults)."""
+    merged = dict(HF_ASSISTED_DEFAULTS)
+    unknown = sorted(set(settings or {}) - set(merged))
+    if unknown:
+        raise ConfigError(f"unknown HF assisted-generation setting(s) {unknown}; expected some of {sorted(merged)}")
+    merged.update({k: v for k, v in (settings or {}).items() if v is not None})
+    if not isinstance(merged["num_assistant_tokens"], int) or merged["num_assistant_tokens"] < 1:
+        raise ConfigError(f"num_assistant_tokens must be an integer >= 1, got {merged['num_assistant_tokens']!r}")
+    if merged["num_assistant_tokens_schedule"] not in SCHEDULES:
+        raise ConfigError(
+            f"num_assistant_tokens_schedule must be one of {list(SCHEDULES)}, "
+            f"got {merged['num_assistant_tokens_schedule']!r}"
+        )
+    threshold = merged["assistant_confidence_threshold"]
+    if not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
+        raise ConfigError(f"assistant_confidence_threshold must be in [0, 1) (0 = off), got {threshold!r}")
+    merged["assistant_confidence_threshold"] = float(threshold)
+    return merged
+
+
+class HFBaseline:
+    """The target (and optionally an assistant) loaded in this process for HF `generate` runs."""
+
+    def __init__(self, target: StageSpec, draft: StageSpec | None = None, threads: int = 1):
+        import torch
+
+        if target.kind != "hf":
+            raise ConfigError("the HF baseline's target must be a model stage")
+        if draft is not None and draft.kind != "hf":
+            raise ConfigError("the HF assistant must be a model stage (prompt lookup is its own mode)")
+        torch.set_num_threads(threads)
+        self.threads = threads
+        self.target_spec, self.draft_spec = target, draft
+        self.target = load_model(target)
+        self.draft = load_model(draft) if draft is not None else None
+        self.eos_ids = eos_token_ids(target.model)
+        self._target_meter = _ForwardMeter(self.target)
+        self._draft_meter = _ForwardMeter(self.draft) if self.draft is not None else None
+
+    def close(self) -> None:
+        self._target_meter.remove()
+        if self._draft_meter is not None:
+            self._draft_meter.remove()
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        mode: str = "greedy",
+        *,
+        assisted: Mapping[str, Any] | None = None,
+        prompt_lookup_num_tokens: int = 10,
+        max_matching_ngram_size: int = 2,
+    ) -> HFResult:
+        import torch
+
+        if mode not in MODES:
+            raise ConfigError(f"HF mode must be one of {list(MODES)}, got {mode!r}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ConfigError(f"max_new_tokens must be an integer > 0, got {max_new_tokens!r}")
+        kwargs: dict[str, Any] = {
+            "do_sample": False,
+            "num_beams": 1,
+            "max_new_tokens": max_new_tokens,
+            "eos_token_id": list(self.eos_ids) or None,
+            "pad_token_id": self.eos_ids[0] if self.eos_ids else None,
+        }
+        settings: dict[str, Any] = {}
+        if mode == "assisted":
+            if self.draft is None:
+                raise ConfigError("HF assisted generation needs a draft model (assistant_model)")
+            settings = assisted_settings(assisted)
+            for key, value in settings.items():
+                setattr(self.draft.generation_config, key, value)
+            kwargs["assistant_model"] = self.draft
+        elif mode == "prompt_lookup":
+            if prompt_lookup_num_tokens < 1 or max_matching_ngram_size < 1:
+                raise ConfigError("prompt lookup needs prompt_lookup_num_tokens >= 1 and max_matching_ngram_size >= 1")
+            settings = {
+                "prompt_lookup_num_tokens": int(prompt_lookup_num_tokens),
+                "max_matching_ngram_size": int(max_matching_ngram_size),
+            }
+            kwargs.update(settings)
+        device = next(self.target.parameters()).device
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+        attention_mask = torch.ones_like(input_ids)
+        self._target_meter.reset()
+        if self._draft_meter is not None:
+            self._draft_meter.reset()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            output = self.target.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        elapsed = time.perf_counter() - started
+        generated = output[0, input_ids.shape[1] :].tolist()
+        tokens = final_output(generated, max_new_tokens, self.eos_ids)
+        draft_meter = self._draft_meter if mode == "assisted" else None
+        return HFResult(
+            tokens=tokens,
+            time_s=elapsed,
+            mode=mode,
+            prompt_length=len(prompt_ids),
+            target_fed=list(self._target_meter.fed),
+            target_time_s=self._target_meter.seconds,
+            draft_calls=len(draft_meter.fed) if draft_meter else 0,
+            draft_time_s=draft_meter.seconds if draft_meter else 0.0,
+            settings=settings,
+        )

@@ -1,0 +1,195 @@
+"""The systems the bench compares, on the same target and prompts.
+
+- `hf_greedy`, `hf_assisted`, `hf_prompt_lookup`: Hugging Face `generate` in the driver
+  process (`experiments.benchlib.hf`); the assistant is k2's draft, prompt lookup takes
+  its settings from the prompt-lookup stage of k3 (or k2)
+- `greedy`, `sd` (at the window the pre-pass chose), `pipespec_k2`: our pipeline of k2
+- `pipespec_k3`: our pipeline of k3
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from experiments.benchlib.config import HF_SYSTEMS, BenchConfigError, Hierarchy, resolve_hierarchy, sd_candidates
+from experiments.benchlib.timer import prepass
+
+
+@dataclass
+class System:
+    name: str
+    run: Callable[[list[int], int], Any]  # (prompt ids, max new tokens) -> result
+    processes: Callable[[], list[tuple[str, int]]]
+    settings: dict[str, Any] = field(default_factory=dict)
+    hierarchy: str = ""
+    stages: list[str] = field(default_factory=list)
+    kind: str = "pipespec"  # or "hf"
+    runs: list[tuple[int, int, Any]] = field(default_factory=list)  # (repetition, prompt index, result)
+
+
+def same_target(a, b) -> bool:
+    return (a.model, a.dtype, a.quantize, a.device) == (b.model, b.dtype, b.quantize, b.device)
+
+
+@dataclass
+class Setup:
+    """The hierarchies and the stages the HF systems borrow from them."""
+
+    k2: Hierarchy
+    k3: Hierarchy | None
+    lookup: Any  # the prompt-lookup StageSpec, or None
+
+    @property
+    def target(self):
+        return self.k2.stages[-1]
+
+    @property
+    def draft(self):
+        return self.k2.stages[0]
+
+
+def resolve_setup(cfg: Mapping[str, Any]) -> Setup:
+    wanted = cfg["systems"]
+    k2 = resolve_hierarchy("k2", cfg["k2"])
+    k3 = resolve_hierarchy("k3", cfg["k3"]) if {"pipespec_k3", "hf_prompt_lookup"} & set(wanted) else None
+    if k3 is not None and not same_target(k3.stages[-1], k2.stages[-1]):
+        raise BenchConfigError(f"k2 and k3 must end in the same target: {k2.stages[-1].label} vs {k3.stages[-1].label}")
+    if "hf_assisted" in wanted and k2.stages[0].kind != "hf":
+        raise BenchConfigError("hf_assisted needs a model as the first stage of k2 (the assistant)")
+    lookup = next((s for h in (k3, k2) if h is not None for s in h.stages if s.kind == "prompt_lookup"), None)
+    if "hf_prompt_lookup" in wanted and lookup is None:
+        raise BenchConfigError("hf_prompt_lookup needs a prompt_lookup stage in k3 (or k2)")
+    return Setup(k2, k3, lookup)
+
+
+class Systems:
+    """Starts what the wanted systems need (pipelines load in parallel, HF models in this process) and
+    builds them; `close()` shuts everything down. The sd window and HF assisted settings are chosen by
+    `choose_settings` (the pre-passes) and read by the systems at every call."""
+
+    def __init__(self, cfg: Mapping[str, Any], setup: Setup):
+        from experiments.benchlib.hf import HFBaseline
+        from pipespec.api import Pipeline
+
+        self.cfg, self.setup, self.wanted = cfg, setup, list(cfg["systems"])
+        self.pipes: dict[str, Any] = {}
+        self.hf = None
+        pipespec = cfg["pipespec"]
+        self.pipespec = {"strategy": "pipespec", "lookahead": pipespec["lookahead"], "max_lead": pipespec["max_lead"],
+                         "draft_confidence": pipespec["draft_confidence"]}  # fmt: skip
+        window, confidence = sd_candidates(cfg)[0]
+        self.sd = {"strategy": "sd", "lookahead": window, "max_lead": cfg["sd"]["max_lead"], "draft_confidence": confidence}
+        self.assisted = (cfg["hf"].get("assisted") or [None])[0]
+        try:
+            options = dict(strategy="pipespec", lookahead=pipespec["lookahead"], max_lead=pipespec["max_lead"],
+                           stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
+            if {"greedy", "sd", "pipespec_k2"} & set(self.wanted):
+                self.pipes["k2"] = Pipeline(setup.k2.stages, **options)
+            if "pipespec_k3" in self.wanted:
+                self.pipes["k3"] = Pipeline(setup.k3.stages, **options)
+            for pipe in self.pipes.values():
+                pipe.start()
+            if set(HF_SYSTEMS) & set(self.wanted):
+                draft = setup.draft if "hf_assisted" in self.wanted else None
+                self.hf = HFBaseline(setup.target, draft, cfg["hf"]["threads"])
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for pipe in self.pipes.values():
+            pipe.close()
+        if self.hf is not None:
+            self.hf.close()
+
+    # ---- the systems ------------------------------------------------------------------------
+    def _driver(self) -> list[tuple[str, int]]:
+        held = "HF target + assistant" if self.hf is not None and self.hf.draft is not None else "HF target"
+        return [(f"driver ({held})", os.getpid())]
+
+    def prompt_lookup_settings(self) -> dict[str, int]:
+        hf, lookup = self.cfg["hf"], self.setup.lookup
+        return {
+            "prompt_lookup_num_tokens": hf.get("prompt_lookup_num_tokens") or (lookup.max_proposal if lookup else 10),
+            "max_matching_ngram_size": hf.get("max_matching_ngram_size") or (lookup.ngram_size if lookup else 2),
+        }
+
+    def _hf(self, name: str, mode: str, settings: dict, hierarchy: Hierarchy, stages: list) -> System:
+        def run(prompt, n):
+            if mode == "assisted":
+                return self.hf.generate(prompt, n, mode, assisted=self.assisted)
+            return self.hf.generate(prompt, n, mode, **(settings if mode == "prompt_lookup" else {}))
+
+        return System(name, run, self._driver, settings, hierarchy.label, [s.label for s in stages], "hf")
+
+    def _ours(self, name: str, key: str, strategy: str) -> System:
+        pipe = self.pipes[key]
+
+        def run(prompt, n):
+            options = self.sd if strategy == "sd" else dict(self.pipespec, strategy=strategy)
+            return pipe.generate(prompt, n, **options)
+
+        settings = {"strategy": "greedy"} if strategy == "greedy" else dict(self.pipespec) if strategy == "pipespec" else {}
+        label = (self.setup.k3 if key == "k3" else self.setup.k2).label
+        return System(name, run, lambda: list(zip(pipe.names, pipe.pids)), settings, label, list(pipe.names))
+
+    def build(self) -> list[System]:
+        k2, k3, target = self.setup.k2, self.setup.k3, self.setup.target
+        builders = {
+            "hf_greedy": lambda: self._hf("hf_greedy", "greedy", {"do_sample": False}, k2, [target]),
+            "hf_assisted": lambda: self._hf("hf_assisted", "assisted", {}, k2, [self.setup.draft, target]),
+            "hf_prompt_lookup": lambda: self._hf("hf_prompt_lookup", "prompt_lookup", self.prompt_lookup_settings(),
+                                                 k3 or k2, [self.setup.lookup, target]),  # fmt: skip
+            "greedy": lambda: self._ours("greedy", "k2", "greedy"),
+            "sd": lambda: self._ours("sd", "k2", "sd"),
+            "pipespec_k2": lambda: self._ours("pipespec_k2", "k2", "pipespec"),
+            "pipespec_k3": lambda: self._ours("pipespec_k3", "k3", "pipespec"),
+        }
+        return [builders[name]() for name in self.wanted]
+
+    # ---- pre-passes ---------------------------------------------------------------------------
+    def choose_settings(self, systems: list[System], prompts: list[list[int]], max_new: int) -> dict[str, Any]:
+        """sd's (window, draft_confidence) and HF assisted's settings: the fastest on `prompts` (one candidate:
+        no pre-pass). HF assisted's candidates include its confidence stop, so sd's do too."""
+        out: dict[str, Any] = {"prompts": len(prompts)}
+        if "sd" in self.wanted:
+            candidates = sd_candidates(self.cfg)
+            best = 0
+            if len(candidates) > 1:
+                pipe, lead = self.pipes["k2"], self.sd["max_lead"]
+                best, rates = prepass("sd (window, draft_confidence)", candidates,
+                                      lambda wc, p, n: pipe.generate(p, n, strategy="sd", lookahead=wc[0], max_lead=lead,
+                                                                     draft_confidence=wc[1]),
+                                      prompts, max_new)  # fmt: skip
+                out["sd"] = [{"window": w, "draft_confidence": c, "tokens_per_s": r}
+                             for (w, c), r in zip(candidates, rates)]  # fmt: skip
+            self.sd["lookahead"], self.sd["draft_confidence"] = candidates[best]
+        if "hf_assisted" in self.wanted:
+            candidates = list(self.cfg["hf"]["assisted"])
+            best = 0
+            if len(candidates) > 1:
+                best, rates = prepass("HF assisted", candidates,
+                                      lambda c, p, n: self.hf.generate(p, n, "assisted", assisted=c), prompts, max_new)
+                out["hf_assisted"] = [{"settings": c, "tokens_per_s": r} for c, r in zip(candidates, rates)]
+            self.assisted = candidates[best]
+        for system in systems:
+            if system.name == "sd":
+                system.settings = {"strategy": "sd", "window": self.sd["lookahead"],
+                                   "draft_confidence": self.sd["draft_confidence"],
+                                   "chosen_from": list(dict.fromkeys(w for w, _ in sd_candidates(self.cfg))),
+                                   "draft_confidences_tried": list(dict.fromkeys(c for _, c in sd_candidates(self.cfg)))}
+            if system.name == "hf_assisted":
+                system.settings = dict(self.assisted)
+        return out
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every process with its lifetime peak resident set."""
+        from experiments.benchlib.timer import lifetime_peak_rss_mb
+
+        out = [{"hierarchy": key, "stage": name, "pid": pid, "lifetime_peak_rss_mb": lifetime_peak_rss_mb(pid)}
+               for key, pipe in self.pipes.items() for name, pid in zip(pipe.names, pipe.pids)]  # fmt: skip
+        out.append({"hierarchy": None, "stage": "driver", "pid": os.getpid(),
+                    "lifetime_peak_rss_mb": lifetime_peak_rss_mb(os.getpid())})  # fmt: skip
+        return out

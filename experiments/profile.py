@@ -1,0 +1,75 @@
+"""Hydra entry point: measure a machine profile of one hierarchy into `profile.json` in the run dir.
+
+    python -m experiments.profile models=smollm2_int8_fp32 dataset=humaneval dataset.n_samples=10
+    python -m experiments.profile models=tiny_k2 profile.max_fed=8 hydra.run.dir=/tmp/p
+
+The measurement is `pipespec.profiling`; `python -m analysis.predict RUN_DIR/profile.json` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+PROFILE_FILE = "profile.json"
+
+
+def profile_prompts(config: dict, tokenizer, context_length) -> tuple[str, list[tuple[str, list[int]]]]:
+    """(dataset name, [(sample id, prompt ids)]) as a run of the same config would build them."""
+    from pipespec.data import build_prompt_ids, load_dataset
+
+    dataset = load_dataset(config["dataset"])
+    family = config["models"].get("family", "base")
+    template = config["dataset"]["prompt"]
+    budget = config["max_new_tokens"]
+    prompts = [
+        (s.sample_id, build_prompt_ids(s, template, tokenizer, family, context_length, budget)[0])
+        for s in dataset.samples
+    ]
+    return dataset.name, prompts
+
+
+def write_profile(config: dict, run_dir: str | Path) -> Path:
+    from pipespec.hierarchies import resolve_stages
+    from pipespec.models import check_shared_vocabulary, context_length
+    from pipespec.profiling import ProfileOptions, measure_profile
+
+    options = ProfileOptions(**(config.get("profile") or {}))
+    specs = resolve_stages(config["models"]["stages"])
+    tokenizer = check_shared_vocabulary(specs)
+    dataset, prompts = profile_prompts(config, tokenizer, context_length(specs[-1].model))
+    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    profile = measure_profile(specs, config["models"]["name"], prompts, options, dataset=dataset, log=log)
+    path = Path(run_dir) / PROFILE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=1))
+    return path
+
+
+@hydra.main(version_base="1.3", config_path="../pipespec/conf", config_name="profile")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from pipespec.data import DataError
+    from pipespec.errors import ConfigError, StageError
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        path = write_profile(config, HydraConfig.get().runtime.output_dir)
+    except (ConfigError, DataError, StageError, TypeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    profile = json.loads(path.read_text())
+    print(f"profile: {path} ({profile['duration_s']:.0f} s, {len(profile['sample_ids'])} prompts)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""A non-editable install finds its configs: every config composes from a wheel-style install.
+
+The package is installed with `pip install --no-deps --no-build-isolation --target` (offline,
+setuptools from .venv) from a copy of the sources, then used from another working directory
+with only that install on the path for pipespec / experiments / analysis (the dependencies
+come from .venv).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("pyproject.toml", "README.md", "pipespec", "experiments", "analysis")
+
+COMPOSE_ALL = r"""
+import json, sys
+from pathlib import Path
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+import analysis, experiments, pipespec
+from pipespec.conf import CONF_DIR, options
+
+install = Path(sys.argv[1]).resolve()
+for module in (pipespec, experiments, analysis):
+    assert Path(module.__file__).resolve().is_relative_to(install), module.__file__
+done = []
+with initialize_config_module(config_module="pipespec.conf", version_base="1.3"):
+    jobs = [("config", [f"{group}={name}"]) for group in ("models", "strategy", "dataset") for name in options(group)]
+    jobs += [("config", [f"experiment={name}"]) for name in options("experiment")]
+    jobs += [("bench", [])] + [("bench", [f"models@k2={name}"]) for name in options("models")]
+    for config, overrides in jobs:
+        cfg = OmegaConf.to_container(compose(config, overrides=overrides), resolve=True)
+        assert cfg["dataset"]["prompt"]["chat"].count("{source}") == 1, (config, overrides)
+        done.append(f"{config} {' '.join(overrides)}")
+print(json.dumps({"conf": str(CONF_DIR), "composed": done}))
+"""
+
+
+@pytest.fixture(scope="module")
+def install(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("install")
+    source = tmp / "source"
+    source.mkdir()
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(path, source / name)
+    target = tmp / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
+         "--target", str(target), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return target
+
+
+def run_installed(target: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(target), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_wheel_install_ships_and_composes_every_config(install, tmp_path):
+    shipped = install / "pipespec" / "conf"
+    assert (shipped / "config.yaml").exists() and (shipped / "bench.yaml").exists()
+    assert (shipped / "models" / "README.md").exists()
+    for group in ("models", "strategy", "dataset", "experiment", "hydra"):
+        sources = {p.name for p in (ROOT / "pipespec" / "conf" / group).glob("*.yaml")}
+        assert sources and sources == {p.name for p in (shipped / group).glob("*.yaml")}, group
+    done = run_installed(install, tmp_path, "-c", COMPOSE_ALL, str(install))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(out["conf"]).resolve() == shipped.resolve()
+    assert "config experiment=table2_cnndm_llama2" in out["composed"] and "bench " in out["composed"]
+
+
+@pytest.mark.parametrize("entry, key", [("experiments.run", "strategy"), ("experiments.bench", "k3")])
+def test_entry_points_find_their_config_from_the_install(install, tmp_path, entry, key):
+    done = run_installed(install, tmp_path, "-m", entry, "--cfg", "job")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"\n{key}:" in "\n" + done.stdout

@@ -1,0 +1,150 @@
+"""One schedule: the stage loop (pipespec.stage) and the simulator (analysis.simulate) decide every
+stage's next action with the same function, `pipespec.schedule.next_action`.
+
+- Both modules call it (checked by identity and in their source), and for the same state both build
+  the same `StageView` and so take the same action (a grid of states, sd and pipespec, k = 2 and 3).
+- Replaying a recorded run through the simulator gives the same sequence of target steps. The runs
+  are chosen so that the schedule does not depend on timing: sd (every verifier waits until its
+  drafter has stopped) and pipespec with lookahead = max_lead (a verifier waits for exactly the lead
+  its drafter stops at). There the sequence of drafts offered per target step (0 = a single step) is
+  a function of the accepted counts alone, so the comparison is exact: the simulator gets the
+  recorded accepted counts (`simulate.Replay`) and step durations (`simulate.RecordedSteps`). With
+  lookahead < max_lead a verifier takes whatever drafts happen to be there when it looks, which
+  depends on microsecond timing of messages the simulator does not model: no exact comparison is
+  possible there, and none is made.
+- With free drafters and a constant step cost the simulator reproduces the paper's Eq. 4 within 2%.
+"""
+
+import inspect
+import types
+
+import pytest
+
+import analysis.simulate as sim
+from analysis import paper_model as pm
+from pipespec import schedule
+from pipespec.tiny import random_prompts
+
+TINY = {"noise": [0.3, 0.05], "eos_token_id": None}  # full-length outputs: no EOS (the simulator has none)
+MAX_NEW = 24
+PROMPTS = random_prompts(2, length=8, seed=5)
+
+
+# --------------------------------------------------------------------------- the same function
+
+
+def test_both_loops_call_schedule_next_action():
+    import pipespec.stage as stage
+
+    assert stage.schedule.next_action is schedule.next_action
+    assert "schedule.next_action(self.role" in inspect.getsource(stage.StageRequest.next_action)
+    assert sim.next_action is schedule.next_action and sim.roles is schedule.roles
+    assert "next_action(stage_roles[i]" in inspect.getsource(sim._simulate_schedule)
+    assert inspect.signature(sim.simulate_pipespec).parameters["max_lead"].default == schedule.DEFAULT_MAX_LEAD
+
+
+def _engine_request(role_list, index, budget):
+    """A stage loop's request object without a model or a transport: only its scheduling state is used."""
+    from pipespec.protocol import Job
+    from pipespec.stage import StageRequest
+    from pipespec.verify import Acceptance, Sampling
+
+    job = Job(
+        request=1, prompt_ids=[0, 0], max_new_tokens=budget, eos_ids=[], roles=role_list, stall_timeout_s=1.0,
+        stage_names=[f"s{i}" for i in range(len(role_list))], sampling=Sampling(), acceptance=Acceptance(),
+    )  # fmt: skip
+    engine = types.SimpleNamespace(lookup=None, runner=None)
+    return StageRequest(index, job, engine, transport=None, stage_names=job.stage_names)
+
+
+def _states():
+    for strategy in ("sd", "pipespec"):
+        for k in (2, 3):
+            for lookahead in (0, 2):
+                role_list = schedule.roles(strategy, k, lookahead, 4)
+                for index in range(k):
+                    for generated in (0, 3, 9, 10):  # the budget is 10
+                        for lead in (0, 1, 4):
+                            for extra in (0, 1, 3, 6):
+                                for more in (False, True):
+                                    yield role_list, index, generated, max(generated - lead, 0), extra, more
+
+
+def test_same_state_same_view_same_action():
+    budget = 10
+    checked = set()
+    for role_list, index, generated, committed, extra, more in _states():
+        role = role_list[index]
+        request = _engine_request(role_list, index, budget)
+        request.out = list(range(100, 100 + generated))
+        request.confidence = [1.0] * generated
+        request.downstream_committed = 0 if role.is_target else committed
+        request.upstream_buffer = request.out + list(range(200, 200 + extra)) if role.has_upstream else []
+        request.upstream_more = more
+        drafts, _ = request.available_drafts() if role.has_upstream else ([], None)
+        engine_view = request.view(len(drafts))
+        usable = min(extra, max(budget - generated - 1, 0)) if role.has_upstream else 0  # the simulator's cut
+        sim_view = sim.stage_view(role, generated, request.downstream_committed, usable, more, budget)
+        assert sim_view == engine_view
+        engine_kind = request.next_action()[0]
+        assert schedule.next_action(role, sim_view).kind == engine_kind
+        checked.add(engine_kind)
+    assert checked == {schedule.STEP, schedule.WAIT, schedule.IDLE, schedule.FINISH}  # every branch was reached
+
+
+# --------------------------------------------------------------------------- replaying a recorded run
+
+
+def _target_offers(trace) -> list[int]:
+    return [offered if kind == "verify" else 0 for kind, offered in zip(trace.steps["kind"], trace.steps["offered"])]
+
+
+def _replay(result, strategy, lookahead, max_lead):
+    traces = result.stage_traces
+    durations = [[e - s for s, e in zip(t.steps["t_start"], t.steps["t_end"])] for t in traces]
+    costs = [sim.RecordedSteps(d) if d else sim.StageCost(1.0) for d in durations]  # a stage that never stepped
+    counts = []
+    for trace in traces[1:]:
+        accepted = [a + 1 for kind, a in zip(trace.steps["kind"], trace.steps["accepted"]) if kind == "verify"]
+        counts.append(sim.Replay(accepted or [1]))
+    tokens = len(result.tokens)
+    if strategy == "sd":
+        return sim.simulate_sync_sd(costs, counts, lookahead, tokens, end_at_budget=True)
+    return sim.simulate_pipespec(costs, counts, tokens, lookahead=lookahead, max_lead=max_lead, end_at_budget=True)
+
+
+@pytest.mark.parametrize(
+    "k,strategy,lookahead,max_lead",
+    [(2, "sd", 3, 8), (3, "sd", 3, 8), (3, "sd", 0, 8), (2, "pipespec", 3, 3), (3, "pipespec", 2, 2)],
+)
+def test_replayed_trace_gives_the_same_target_steps(pipes, k, strategy, lookahead, max_lead):
+    varied = set()
+    for prompt in PROMPTS:
+        result = pipes[k].generate(prompt, MAX_NEW, strategy=strategy, lookahead=lookahead, max_lead=max_lead)
+        assert len(result.tokens) == MAX_NEW
+        replayed = _replay(result, strategy, lookahead, max_lead)
+        for stage in range(1, k):  # every verifier, the target last
+            recorded = _target_offers(result.stage_traces[stage])
+            assert list(replayed.step_offers[stage - 1]) == recorded, f"stage {stage}"
+            varied.update(recorded)
+        assert replayed.committed_tokens == MAX_NEW  # the engine's budget: no overshoot
+    assert len(varied) > 1  # not a constant sequence: the replay had something to get wrong
+
+
+# --------------------------------------------------------------------------- the paper's Eq. 4
+
+
+@pytest.mark.parametrize("alpha,gamma", [(0.6, 3), (0.8, 4), (0.9, 6)])
+def test_free_drafters_constant_cost_reproduce_eq4(alpha, gamma):
+    """Drafters 10^6 times faster than the target, every target step 1 s, a fixed window gamma. Eq. 3-4
+    assume a full window is ready at every target step: the drafter, capped at max_lead tokens beyond the
+    target's last commit, must still hold gamma drafts after a commit of gamma + 1 tokens, so max_lead
+    >= 2 gamma + 1. (With the engine's default 8 and gamma = 4 the simulator offers 3 drafts after a full
+    acceptance, and gives 2.22 tokens per step instead of Eq. 4's 2.28, as the engine would.)"""
+    result = sim.simulate_pipespec(
+        [sim.StageCost(1e-6), sim.StageCost(1.0)], [alpha], 40000, verify_window=gamma, max_lead=2 * gamma + 1,
+        seed=1,
+    )
+    eq4 = pm.pipespec_tokens_per_step(alpha, gamma)
+    assert result.tokens_per_target_step == pytest.approx(eq4, rel=0.02)
+    assert result.tokens_per_second == pytest.approx(eq4, rel=0.02)  # target step = 1 s: tokens/s = tokens/step
