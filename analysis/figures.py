@@ -739,7 +739,7 @@ def _ours_set_figures(members: list[Run], key: tuple, evaluations) -> dict[str, 
         points = [(e.measured_tokens_per_s, e.ours.tokens_per_s, e.paper_tokens_per_s, e.run.label,
                    _shown(e.run.path)) for e in evaluated()]
         caption = (f"Ours: analysis.wallclock, an {IN_SAMPLE} (step costs, contention and acceptance fitted on the "
-                   "very run it reports: not a held-out prediction; none exists yet). Paper: Eq. 4 / 5 over one "
+                   "very run it reports: not a held-out prediction, see analysis.validate). Paper: Eq. 4 / 5 over one "
                    "target step of the same run.")
         fig, rows = figure_model_measured(points, f"Our runs: models ({IN_SAMPLE}) against measured throughput",
                                           f"{caption} {selection}.", sources)

@@ -1,6 +1,7 @@
 """Predict a configuration's throughput from a machine profile, before running it.
 
     python -m analysis.predict PROFILE [strategy=pipespec] [lookahead=0] [max_lead=8] [tokens=128] [--json]
+    python -m analysis.predict PROFILE --sweep [tokens=128] [--json]     # every configuration, best first
 
 The simulator (`analysis.simulate`, the engine's own schedule) plays the hierarchy with the profile's
 costs: t(n) from the one step-cost fit (`analysis.fit.fit_step_cost`) over the profile's alone and
@@ -8,10 +9,16 @@ loaded points, whose contention slows a stage per other computing stage; accepta
 (`simulate.ByPosition`); a model-free drafter's proposal rate as its supply; the handoff latency per
 commit hop. The paper's model (Eq. 4 / Eq. 5, `analysis.fit.paper_tokens_per_s`) is printed beside,
 with alpha the mean of the last pair's per-position rates and gamma the lookahead (sd) or max_lead.
+
+`--sweep` ranks greedy, sd windows `SD_WINDOWS` and pipespec `LOOKAHEADS` x `MAX_LEADS` on every subset
+of the stages that keeps the target (e.g. skipping the middle stage of a k = 3 hierarchy); a subset
+whose drafter/verifier pair the profile has no acceptance for (`skip_pairs`, older profiles) is left out
+with a note. `draft_confidence` is refused: the simulator has no model of a drafter's own confidence.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -20,11 +27,14 @@ from typing import Sequence
 
 from analysis import simulate as sim
 from analysis.fit import LOOKUP_COST_S, paper_tokens_per_s
-from analysis.profile import Profile, ProfileError, load_profile, mismatches
+from analysis.profile import PairProfile, Profile, ProfileError, load_profile, mismatches
 from pipespec.errors import ConfigError
 from pipespec.schedule import DEFAULT_MAX_LEAD, check_options
 
 SEEDS = 4  # simulated repetitions: the sampling noise of acceptance averages out
+SD_WINDOWS = tuple(range(1, 9))  # the sweep's sd windows
+LOOKAHEADS = (0, 1, 2, 4)  # the sweep's pipespec lookaheads ...
+MAX_LEADS = (4, 8, 16)  # ... times these max_leads
 
 
 @dataclass(frozen=True)
@@ -32,7 +42,8 @@ class Prediction:
     strategy: str
     lookahead: int
     max_lead: int
-    stages: tuple[str, ...]
+    stages: tuple[str, ...]  # the stages it runs, smallest first (greedy: the target)
+    stage_indices: tuple[int, ...]  # their positions in the profile's hierarchy
     tokens: int
     predicted_tokens_per_s: float
     ms_per_token: float
@@ -42,56 +53,143 @@ class Prediction:
     paper_predicted_tokens_per_s: float
 
 
-def _inputs(profile: Profile):
-    model_stages = sum(not s.model_free for s in profile.stages)
+def subset_pairs(profile: Profile, stages: Sequence[int]) -> list[PairProfile] | None:
+    """The drafter/verifier pairs of the hierarchy made of `stages`; None where the profile lacks one."""
+    pairs = [profile.pair(d, v) for d, v in zip(stages, stages[1:])]
+    return None if any(p is None for p in pairs) else pairs
+
+
+def check_stages(profile: Profile, stages: Sequence[int] | None) -> tuple[int, ...]:
+    """Stage positions of a subset of the profile's hierarchy (default: all), smallest first, target last."""
+    last = len(profile.stages) - 1
+    if stages is None:
+        return tuple(range(last + 1))
+    stages = tuple(stages)
+    if not stages or list(stages) != sorted(set(stages)) or stages[0] < 0 or stages[-1] != last:
+        raise ConfigError(f"stages must be increasing positions in 0..{last} ending with the target ({last}), "
+                          f"got {list(stages)}")  # fmt: skip
+    if any(profile.stages[i].model_free for i in stages[1:]):
+        raise ConfigError(f"stages {list(stages)}: a model-free stage can only be the first (it cannot verify)")
+    if subset_pairs(profile, stages) is None:
+        raise ConfigError(f"stages {list(stages)}: the profile has no acceptance for a pair of them (measure a "
+                          "profile with skip_pairs: python -m experiments.profile)")  # fmt: skip
+    return stages
+
+
+def _fit(profile: Profile, stage: int):
+    """The stage's t(n) fit; its loaded points were measured with every other model stage of the profile
+    running, and the simulator applies the contention per stage computing at the time."""
+    return profile.stages[stage].cost_fit(sum(not s.model_free for s in profile.stages) - 1)
+
+
+def _inputs(profile: Profile, stages: Sequence[int]):
+    pairs = subset_pairs(profile, stages)
     costs, contention, supply = [], [], []
-    for i, stage in enumerate(profile.stages):
+    for position, i in enumerate(stages):
+        stage = profile.stages[i]
         if stage.model_free:
             costs.append(sim.StageCost(LOOKUP_COST_S))
             contention.append(None)  # takes no core
-            supply.append(profile.pairs[i].proposal_rate)
+            supply.append(pairs[position].proposal_rate)
             continue
-        fit = stage.cost_fit(model_stages - 1)
-        costs.append(fit.stage_cost())
-        contention.append(fit.contention)
+        costs.append(sim.TableCost(stage.step_s_alone))  # measured t(n): not smooth on every CPU
+        contention.append(_fit(profile, i).contention)
         supply.append(None)
-    acceptances = [sim.ByPosition(p.acceptance_by_position) for p in profile.pairs]
-    return costs, contention, supply, acceptances
+    acceptances = [sim.ByPosition(p.acceptance_by_position) for p in pairs]
+    return costs, contention, supply, acceptances, pairs
 
 
 def predict(profile: Profile, strategy: str = "pipespec", lookahead: int = 0, max_lead: int = DEFAULT_MAX_LEAD,
-            tokens: int = 128) -> Prediction:  # fmt: skip
-    check_options(strategy, len(profile.stages), lookahead, max_lead)
-    costs, contention, supply, acceptances = _inputs(profile)
-    names = tuple(s.name for s in profile.stages)
-    t_target = costs[-1](1)
+            tokens: int = 128, stages: Sequence[int] | None = None, draft_confidence: float = 0.0,
+            prompt_tokens: int | None = None) -> Prediction:
+    """The predicted throughput of one configuration, prompt processing included (`prompt_tokens` per
+    generation; None: the profile's mean prompt length); `stages`: a subset of the profile's (default all)."""
+    if draft_confidence:
+        check_options(strategy, len(profile.stages), lookahead, max_lead, draft_confidence)
+        raise ConfigError("draft_confidence cannot be predicted: the simulator has no model of a drafter's own "
+                          "confidence (leave it 0)")  # fmt: skip
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ConfigError(f"tokens must be an integer >= 1, got {tokens!r}")
+    last = len(profile.stages) - 1
+    if prompt_tokens is None:
+        prompt_tokens = round(statistics.mean(profile.prompt_tokens)) if profile.prompt_tokens else 0
     if strategy == "greedy":
-        rate = 1.0 / t_target
-        return Prediction(strategy, lookahead, max_lead, names[-1:], tokens, rate, 1000 / rate, None, 0.0, 1.0, rate)
+        check_options(strategy, len(profile.stages), lookahead, max_lead)
+        seconds = tokens * profile.stages[last].step_s_alone[0] + prompt_tokens * profile.stages[last].prefill_s_per_token
+        rate = tokens / seconds  # the target alone: no contention
+        name = (profile.stages[-1].name,)
+        return Prediction(strategy, lookahead, max_lead, name, (last,), tokens, rate, 1000 / rate, None, 0.0, 1.0,
+                          rate)  # fmt: skip
+    stages = check_stages(profile, stages)
+    check_options(strategy, len(stages), lookahead, max_lead)
+    costs, contention, supply, acceptances, pairs = _inputs(profile, stages)
+    names = tuple(profile.stages[i].name for i in stages)
+    t_target = costs[-1](1)
+    # each model stage reads the prompt in its first step: one after another in sd, side by side in pipespec
+    prefill = [prompt_tokens * profile.stages[i].prefill_s_per_token for i in stages if not profile.stages[i].model_free]
     runs = []
     for seed in range(SEEDS):
         if strategy == "sd":
             result = sim.simulate_sync_sd(costs, acceptances, lookahead, tokens, seed=seed, supply=supply,
                                           end_at_budget=True)  # fmt: skip
             hops = 2 * (len(costs) - 1) * result.target_steps  # drafts down the chain, the commit back up
-            runs.append((result, result.total_time + hops * profile.handoff_s))
+            runs.append((result, result.total_time + hops * profile.handoff_s + sum(prefill)))
         else:
             result = sim.simulate_pipespec(
                 costs, acceptances, tokens, lookahead=lookahead, max_lead=max(max_lead, lookahead), seed=seed,
                 rollback_delay=profile.handoff_s, contention=contention, supply=supply, end_at_budget=True,
             )  # fmt: skip
-            runs.append((result, result.total_time))
+            runs.append((result, result.total_time + max(prefill)))
     seconds = statistics.mean(t for _, t in runs)
     rate = tokens / seconds
-    alpha = statistics.mean(profile.pairs[-1].acceptance_by_position)
+    alpha = statistics.mean(pairs[-1].acceptance_by_position)
     gamma = lookahead if strategy == "sd" else max(max_lead, lookahead)
-    paper = paper_tokens_per_s(strategy, t_target, alpha, gamma, costs[-2](1))
+    paper = paper_tokens_per_s(strategy, t_target, alpha, gamma, costs[-2](1)) if gamma else 1.0 / t_target
     return Prediction(
-        strategy, lookahead, max_lead, names, tokens, rate, 1000 / rate,
+        strategy, lookahead, max_lead, names, stages, tokens, rate, 1000 / rate,
         _finite_mean([r.accepted_per_verify[-1] for r, _ in runs]),  # None: the target never verified
         statistics.mean(r.verify_fraction[-1] for r, _ in runs),
         statistics.mean(r.busy_fraction[-1] for r, _ in runs), paper,
     )  # fmt: skip
+
+
+def stage_subsets(profile: Profile) -> tuple[list[tuple[int, ...]], list[str]]:
+    """Every subset of >= 2 stages that keeps the target and can run (a model-free stage only first),
+    and a note for each left out because the profile has no acceptance for one of its pairs."""
+    last = len(profile.stages) - 1
+    usable, notes = [], []
+    for size in range(last, 0, -1):
+        for drafters in itertools.combinations(range(last), size):
+            stages = drafters + (last,)
+            if any(profile.stages[i].model_free for i in stages[1:]):
+                continue
+            if subset_pairs(profile, stages) is None:
+                names = " > ".join(profile.stages[i].name for i in stages)
+                notes.append(f"left out {names}: the profile has no acceptance for one of its pairs "
+                             "(measure it again to get skip_pairs)")  # fmt: skip
+                continue
+            usable.append(stages)
+    return usable, notes
+
+
+def configurations(profile: Profile) -> tuple[list[dict], list[str]]:
+    """The sweep: greedy, then sd windows and pipespec lookahead x max_lead on every usable subset."""
+    subsets, notes = stage_subsets(profile)
+    found = [{"strategy": "greedy", "lookahead": 0, "max_lead": DEFAULT_MAX_LEAD, "stages": None}]
+    for stages in subsets:
+        found += [{"strategy": "sd", "lookahead": w, "max_lead": DEFAULT_MAX_LEAD, "stages": stages}
+                  for w in SD_WINDOWS]  # fmt: skip
+        found += [{"strategy": "pipespec", "lookahead": la, "max_lead": lead, "stages": stages}
+                  for la in LOOKAHEADS for lead in MAX_LEADS if lead >= la]  # fmt: skip
+    return found, notes
+
+
+def sweep(profile: Profile, tokens: int = 128) -> tuple[list[Prediction], list[str]]:
+    """Every configuration's prediction, best predicted tokens/s first (ties: the simpler one first)."""
+    options, notes = configurations(profile)
+    predictions = [predict(profile, tokens=tokens, **o) for o in options]
+    order = sorted(range(len(predictions)), key=lambda i: (-predictions[i].predicted_tokens_per_s, i))
+    return [predictions[i] for i in order], notes
 
 
 def _finite_mean(values: Sequence[float]) -> float | None:
@@ -99,7 +197,7 @@ def _finite_mean(values: Sequence[float]) -> float | None:
     return statistics.mean(finite) if finite else None
 
 
-OPTIONS = {"strategy": str, "lookahead": int, "max_lead": int, "tokens": int}
+OPTIONS = {"strategy": str, "lookahead": int, "max_lead": int, "tokens": int, "draft_confidence": float}
 
 
 def parse_options(items: Sequence[str]) -> dict:
@@ -124,23 +222,35 @@ def format_prediction(p: Prediction) -> str:
             f"paper model {p.paper_predicted_tokens_per_s:.1f} tokens/s")  # fmt: skip
 
 
+USAGE = ("usage: python -m analysis.predict PROFILE [strategy=...] [lookahead=N] [max_lead=N] [tokens=N] [--json]\n"
+         "       python -m analysis.predict PROFILE --sweep [tokens=N] [--json]")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in argv
-    argv = [a for a in argv if a != "--json"]
+    as_json, as_sweep = "--json" in argv, "--sweep" in argv
+    argv = [a for a in argv if a not in ("--json", "--sweep")]
     if not argv:
-        print("usage: python -m analysis.predict PROFILE [strategy=...] [lookahead=N] [max_lead=N] [--json]",
-              file=sys.stderr)  # fmt: skip
+        print(USAGE, file=sys.stderr)
         return 2
     try:
         profile = load_profile(argv[0])
-        prediction = predict(profile, **parse_options(argv[1:]))
+        options = parse_options(argv[1:])
+        if as_sweep and set(options) - {"tokens"}:
+            raise ConfigError(f"--sweep takes only tokens=N, got {sorted(set(options) - {'tokens'})}")
+        predictions, notes = sweep(profile, **options) if as_sweep else ([predict(profile, **options)], [])
     except (ProfileError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for problem in mismatches(profile):
         print(f"warning: profile from elsewhere: {problem}", file=sys.stderr)
-    print(json.dumps(asdict(prediction)) if as_json else format_prediction(prediction))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if as_json:
+        records = [asdict(p) for p in predictions]
+        print(json.dumps(records if as_sweep else records[0]))
+    else:
+        print("\n".join(f"{rank}. " * as_sweep + format_prediction(p) for rank, p in enumerate(predictions, 1)))
     return 0
 
 

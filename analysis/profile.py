@@ -22,6 +22,7 @@ from analysis.fit import CostFit, fit_step_cost
 FORMAT = "pipespec-profile"
 VERSION = 1
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
+IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads")  # the same stage when these match
 
 
 class ProfileError(ValueError):
@@ -35,6 +36,7 @@ class StageProfile:
     step_s_alone: tuple[float, ...]  # t(n), n = 1.. (empty for a model-free stage)
     step_s_loaded: tuple[float, ...]  # t(n) while the other model stages run
     prefill_s_per_token: float
+    identity: tuple[tuple[str, Any], ...] = ()  # what the stage is (kind, model, quantize, dtype, threads)
 
     @property
     def model_free(self) -> bool:
@@ -68,6 +70,14 @@ class Profile:
     dataset: str | None
     handoff_s: float
     duration_s: float
+    skip_pairs: tuple[tuple[int, int, PairProfile], ...] = ()  # (drafter, verifier, pair) of non-adjacent stages
+    prompt_tokens: tuple[int, ...] = ()  # of the profile's prompts (prediction counts reading the prompt)
+
+    def pair(self, drafter: int, verifier: int) -> PairProfile | None:
+        """Acceptance of stage `drafter`'s drafts by stage `verifier` (any later stage); None if not measured."""
+        if verifier == drafter + 1:
+            return self.pairs[drafter]
+        return next((p for d, v, p in self.skip_pairs if (d, v) == (drafter, verifier)), None)
 
 
 def _number(value: Any, where: str, minimum: float = 0.0) -> float:
@@ -87,14 +97,15 @@ def _stage(data: Any, i: int) -> StageProfile:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise ProfileError(f"{where} must be an object with a name")
     kind = data.get("kind", "hf")
+    identity = tuple((key, data.get(key)) for key in IDENTITY_KEYS)
     if kind in MODEL_FREE_KINDS:
-        return StageProfile(data["name"], kind, (), (), 0.0)
+        return StageProfile(data["name"], kind, (), (), 0.0, identity)
     alone = _numbers(data.get("step_s_alone"), f"{where}.step_s_alone")
     loaded = _numbers(data.get("step_s_loaded"), f"{where}.step_s_loaded")
     if not alone or len(alone) != len(loaded) or min(alone) <= 0:
         raise ProfileError(f"{where}: step_s_alone and step_s_loaded need the same number (>= 1) of positive times")
     prefill = _number(data.get("prefill_s_per_token"), f"{where}.prefill_s_per_token")
-    return StageProfile(data["name"], kind, alone, loaded, prefill)
+    return StageProfile(data["name"], kind, alone, loaded, prefill, identity)
 
 
 def _pair(data: Any, i: int) -> PairProfile:
@@ -135,12 +146,25 @@ def parse_profile(data: Any, path: str = "<profile>") -> Profile:
     ids = data.get("sample_ids")
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise ProfileError(f"{path}: sample_ids must be a list of strings")
+    prompts = data.get("prompt_tokens") or []
+    if not isinstance(prompts, list) or not all(isinstance(n, int) and n >= 0 for n in prompts):
+        raise ProfileError(f"{path}: prompt_tokens must be a list of token counts")
     handoff = data.get("handoff_s")
+    skip_pairs = data.get("skip_pairs") or []
+    if not isinstance(skip_pairs, list):
+        raise ProfileError(f"{path}: skip_pairs must be a list")
+    skipping = []
+    for i, entry in enumerate(skip_pairs):
+        d, v = (entry.get(k) if isinstance(entry, dict) else None for k in ("drafter_index", "verifier_index"))
+        if not (isinstance(d, int) and isinstance(v, int) and 0 <= d < v - 1 < len(parsed) - 1):
+            raise ProfileError(f"{path}: skip_pairs[{i}] needs drafter_index < verifier_index - 1 within the stages")
+        skipping.append((d, v, _pair(entry, i)))
     return Profile(
         path=path, hierarchy=hierarchy["name"], stages=parsed, pairs=tuple(_pair(p, i) for i, p in enumerate(pairs)),
         machine=data.get("machine") if isinstance(data.get("machine"), dict) else {}, sample_ids=tuple(ids),
         dataset=data.get("dataset"), handoff_s=0.0 if handoff is None else _number(handoff, "handoff_s"),
-        duration_s=_number(data.get("duration_s", 0.0), "duration_s"),
+        duration_s=_number(data.get("duration_s", 0.0), "duration_s"), skip_pairs=tuple(skipping),
+        prompt_tokens=tuple(prompts),
     )  # fmt: skip
 
 
@@ -184,12 +208,16 @@ def this_machine() -> dict:
     return {"cpu": _cpu_name(), "torch": _version("torch"), "transformers": _version("transformers")}
 
 
-def mismatches(profile: Profile, hierarchy: str | None = None, here: dict | None = None) -> list[str]:
-    """What differs between the profile and this machine / the hierarchy to run; [] when it fits."""
+def mismatches(profile: Profile, hierarchy: str | None = None, here: dict | None = None,
+               stages: Sequence[dict] | None = None) -> list[str]:  # fmt: skip
+    """What differs between the profile and this machine / the hierarchy to run; [] when it fits.
+    `stages`: the stages to run, as mappings with the `IDENTITY_KEYS` (compared where the profile has them)."""
     here = this_machine() if here is None else here
     found = []
     if hierarchy is not None and hierarchy != profile.hierarchy:
         found.append(f"hierarchy: profile {profile.hierarchy!r}, run {hierarchy!r}")
+    if stages is not None:
+        found += _stage_mismatches(profile, stages)
     cpu = (profile.machine.get("cpu") or {}).get("name")
     if here.get("cpu") and cpu and cpu != here["cpu"]:
         found.append(f"cpu: profile {cpu!r}, here {here['cpu']!r}")
@@ -197,6 +225,17 @@ def mismatches(profile: Profile, hierarchy: str | None = None, here: dict | None
     for name in ("torch", "transformers"):
         if here.get(name) and libraries.get(name) and libraries[name] != here[name]:
             found.append(f"{name}: profile {libraries[name]}, here {here[name]}")
+    return found
+
+
+def _stage_mismatches(profile: Profile, stages: Sequence[dict]) -> list[str]:
+    if len(stages) != len(profile.stages):
+        return [f"stages: profile has {len(profile.stages)}, run has {len(stages)}"]
+    found = []
+    for i, (measured, run) in enumerate(zip(profile.stages, stages)):
+        for key, value in measured.identity:
+            if value is not None and run.get(key) is not None and run.get(key) != value:
+                found.append(f"stage {i} {key}: profile {value!r}, run {run.get(key)!r}")
     return found
 
 
@@ -222,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fit = stage.cost_fit(model_stages - 1)
         print(f"  {stage.name}: t(1) {1000 * stage.step_s_alone[0]:.2f} ms, t(n) = {1000 * fit.fixed:.2f} + "
               f"{1000 * fit.per_token:.3f} n ms, contention {fit.contention:.2f} per other stage")  # fmt: skip
-    for pair in profile.pairs:
+    for pair in profile.pairs + tuple(p for _, _, p in profile.skip_pairs):
         rates = " ".join(f"{r:.2f}" for r in pair.acceptance_by_position)
         print(f"  {pair.drafter} -> {pair.verifier}: acceptance by position {rates}; proposes "
               f"{pair.proposal_rate:.0%} of the time, {pair.mean_proposal_length:.1f} tokens")  # fmt: skip

@@ -4,8 +4,8 @@
 
 For every run (a run directory, or a directory holding runs) it sets side by
 side: the measured tokens/s, our wall-clock model (``analysis.wallclock``: an
-in-sample decomposition, since its costs are fitted on the very run it reports; no
-held-out predictor exists yet) and the paper's model (Eq. 4 / 5 over one target
+in-sample decomposition, since its costs are fitted on the very run it reports;
+held-out predictions come from a machine profile: ``analysis.validate``) and the paper's model (Eq. 4 / 5 over one target
 step), with their errors; each figure and number is marked as a measurement, an
 in-sample fit or a held-out prediction; then per run the fitted per-stage costs and per-pair estimates
 (alpha, rho, gamma, tokens per step) against the paper's Eq. 1 / 3 / 4. With
@@ -33,6 +33,7 @@ import matplotlib
 from analysis import figures, wallclock
 from analysis import import_official as official
 from analysis.results import ResultsError, find_runs
+from pipespec.stats import ratio
 
 TOLERANCE = 0.15  # the error our model is held to
 
@@ -111,10 +112,11 @@ def pair_table(evaluation: wallclock.RunEvaluation) -> Table:
             "-" if alpha is None else f"{alpha.alpha:.3f} +- {_num(alpha.stderr, '.3f')}",
             f"{_num(pair.alpha_first, '.3f')} / {_num(pair.alpha_next, '.3f')}",
             str(pair.verify_steps), str(pair.single_steps), _num(pair.rho), _num(pair.gamma),
-            _num(pair.accepted_per_verify), _num(pair.tokens_per_step),
+            _num(pair.accepted_per_verify + 1), _num(ratio(sum(pair.accepted_counts), sum(pair.offered_counts))),
+            _num(pair.tokens_per_step),
         ])
-    return Table(["pair", "alpha (MLE +- se)", "alpha first / next", "verifications", "one-token steps", "rho", "gamma (offered/verify)",
-                  "accepted/verify", "tokens/step"], rows)
+    return Table(["pair", "alpha (MLE +- se)", "alpha first / next", "verifications", "one-token steps", "rho",
+                  "gamma (offered/verify)", "mean acceptance length", "draft acceptance rate", "tokens/step"], rows)
 
 
 def comparison_table(evaluation: wallclock.RunEvaluation) -> Table:
@@ -143,7 +145,7 @@ def official_table(rows: Sequence[wallclock.OfficialPrediction]) -> Table:
     )
 
 
-# what each figure shows: a measurement, an in-sample fit or a held-out prediction (none exists yet)
+# what each figure shows: a measurement, an in-sample fit or a held-out prediction (none here: see analysis.validate)
 FIGURE_KINDS = {
     "fig3_accepted_histogram": "measurement",
     "fig4_lookahead": "measurement",
@@ -161,19 +163,19 @@ def figure_kind(name: str) -> str:
 
 def status_table(evaluation: wallclock.RunEvaluation) -> Table:
     """What each number of a run is: a measurement, an in-sample fit (or decomposition) or a held-out
-    prediction (the last: none, since no held-out predictor exists yet)."""
+    prediction (the last: none in this report; `analysis.validate` predicts runs from a profile)."""
     run = evaluation.run
     acceptance = "exact (lossless)" if run.lossless else f"{figures.SYNTHETIC_LABEL}, set rate {run.synthetic_rate}"
     rows = [
         ["measured tok/s, ms/token, busy measured, steps, verifications, one-token steps, rho, gamma, "
-         "accepted/verify, tokens/step", "measurement", f"this run's summary and traces ({acceptance})"],
+         "mean acceptance length, draft acceptance rate, tokens/step", "measurement", f"this run's summary and traces ({acceptance})"],
         ["a, b, contention, overhead, prefill per token; alpha (MLE +- se), alpha first / next",
          "in-sample fit", "fitted on this run's own traces"],
         ["ours tok/s, busy (in-sample model), tokens/step (ours, simulated), start-up",
          "in-sample decomposition", "analysis.wallclock with the costs and acceptance fitted on this run"],
         ["paper tok/s, Eq. 1 / 3 / 4 / 5 values", "in-sample (paper model)",
          f"paper's equations with this run's alpha and gamma; t_K(1) from {evaluation.paper_t1_source}"],
-        ["held-out prediction", "none", "no predictor fitted on other runs exists yet"],
+        ["held-out prediction", "none", "not in this report: python -m analysis.validate PROFILE RUN_DIRS"],
     ]
     return Table(["numbers", "kind", "from"], rows)
 
@@ -261,8 +263,8 @@ def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path 
     title = "pipespec: model vs measurement"
     machine = f"{env.get('cpu', '?')}, {env.get('cpu_count', '?')} CPUs" if env else "unknown machine"
     intro = (f"Made by python -m analysis.report from {len(runs)} runs ({machine}). Every number below is a "
-             "measurement or an in-sample fit / decomposition of the run it describes; there is no held-out "
-             "prediction (no predictor fitted on other runs exists yet).")
+             "measurement or an in-sample fit / decomposition of the run it describes; held-out predictions "
+             "(from a machine profile measured on other prompts) are made by python -m analysis.validate.")
     md = [f"# {title}", "", intro, ""]
     page = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"

@@ -229,8 +229,29 @@ def _as_acceptance(spec: AcceptanceSpec) -> Bernoulli | Replay:
     return Replay(tuple(spec))  # a sequence is a log of accepted counts
 
 
-def _as_cost(spec: StageCost | float | tuple[float, float]) -> StageCost:
-    if isinstance(spec, StageCost):
+@dataclass(frozen=True)
+class TableCost:
+    """Step cost from a measured table, for CPUs whose t(n) is not smooth (a linear fit misses the jump
+    from one row to two): t(n) = seconds[n - 1] up to the table's length, beyond it the last entry
+    plus the table's mean slope."""
+
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.seconds or not all(math.isfinite(t) and t > 0 for t in self.seconds):
+            raise ValueError(f"a cost table needs positive finite step times, got {self.seconds!r}")
+
+    def __call__(self, n_tokens: int) -> float:
+        n = max(int(round(n_tokens)), 1)
+        table = self.seconds
+        if n <= len(table):
+            return table[n - 1]
+        slope = max((table[-1] - table[0]) / (len(table) - 1), 0.0) if len(table) > 1 else 0.0
+        return table[-1] + slope * (n - len(table))
+
+
+def _as_cost(spec: StageCost | TableCost | float | tuple[float, float]) -> StageCost | TableCost:
+    if isinstance(spec, (StageCost, TableCost)):
         return spec
     if isinstance(spec, numbers.Real):
         return StageCost(float(spec))  # a plain number is a fixed step time

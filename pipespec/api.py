@@ -156,6 +156,7 @@ class Pipeline:
         seed: int | None = None,
         acceptance: str = "exact",
         synthetic_rates: float | Sequence[float] | None = None,
+        profile: str | None = None,  # strategy="auto": a profile.json path (None: the cached short profile)
     ):
         exit_if_bootstrapping_child()  # a stage process re-running an unguarded main module: say so and end
         launch = resolve_launch(launch)
@@ -168,6 +169,15 @@ class Pipeline:
         self.launch_env = LaunchEnv.from_environ() if launch == "torchrun" else None
         if self.launch_env is not None:
             self.launch_env.check_world(len(self.specs))
+        self.auto = None  # strategy="auto": the choice (pipespec.autoconf.AutoChoice) and why
+        if profile is not None and strategy != "auto":
+            raise ConfigError(f"profile is only read by strategy='auto', got strategy={strategy!r}")
+        if strategy == "auto":
+            from pipespec.autoconf import choose_for_pipeline
+
+            self.auto = choose_for_pipeline(self.specs, profile, draft_confidence)
+            self.specs = [self.specs[i] for i in self.auto.stages]
+            strategy, lookahead, max_lead = self.auto.strategy, self.auto.lookahead, self.auto.max_lead
         check_options(strategy, len(self.specs), lookahead, max_lead, draft_confidence)
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
         self.draft_confidence = draft_confidence

@@ -3,10 +3,12 @@
 - per model stage, t(n) for n = 1..max_fed tokens fed on a warm KV cache (medians of `repeats`), alone
   and while every other model stage of the hierarchy runs its own steady one-token loop in another
   process (contention measured, not assumed), and the prefill cost per prompt token;
-- per drafter/verifier pair, acceptance by draft position: the drafter drafts `draft_k` tokens greedily
-  from points along the verifier's own greedy continuation of each prompt; position p's rate is the
-  share of drafts accepted there among those whose earlier positions were all accepted. For a
-  model-free drafter (prompt lookup, suffix), how often it has a proposal and how long it is;
+- per drafter/verifier pair (adjacent pairs in `pairs`; every drafter with every later verifier
+  in `skip_pairs`, for hierarchies that leave a stage out), acceptance by draft position: the
+  drafter drafts `draft_k` tokens greedily from points along the verifier's own greedy
+  continuation of each prompt; position p's rate is the share of drafts accepted there
+  among those whose earlier positions were all accepted. For a model-free drafter
+  (prompt lookup, suffix), how often it has a proposal and how long it is;
 - the handoff latency of one message between stages, from a short real pipeline run's traces
   (`analysis.fit`'s estimate);
 - the machine (CPU, vector extensions, threads per stage, library versions) and the sample ids used.
@@ -49,6 +51,11 @@ class ProfileOptions:
             minimum = 0 if name == "handoff_tokens" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ConfigError(f"profile.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+# the short profile `auto` measures when it has none (pipespec.autoconf): a minute at most for SmolLM2
+SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=2, continuation=24, stride=4, draft_k=6, handoff_tokens=8)
+SHORT_PROMPTS = 2
 
 
 def machine_facts(specs: Sequence[StageSpec]) -> dict:
@@ -258,7 +265,7 @@ def measure_profile(
     runners = {i: _runner(specs[i]) for i in model_stages}
     stages = []
     for i, spec in enumerate(specs):
-        entry = {"name": spec.name or spec.model or spec.kind, "kind": spec.kind, "model": spec.model,
+        entry = {"name": spec.label, "kind": spec.kind, "model": spec.model,
                  "quantize": spec.quantize, "dtype": spec.dtype, "threads": spec.threads}  # fmt: skip
         if i in runners:
             log(f"profile: {entry['name']}: t(n) alone")
@@ -273,19 +280,18 @@ def measure_profile(
             else:
                 entry["step_s_loaded"] = list(entry["step_s_alone"])
         stages.append(entry)
-    pairs = []
-    continuations: dict[int, list[list[int]]] = {}
+    pairs, skip_pairs = [], []
     for v in range(1, len(specs)):
         if v not in runners:
             raise ConfigError(f"stage {v} ({stages[v]['name']}) verifies drafts: it must be a model")
-        if v not in continuations:
-            log(f"profile: {stages[v]['name']}: greedy continuations")
-            continuations[v] = [greedy_continuation(runners[v], p, options.continuation) for p in ids]
-        d = v - 1
-        draft = drafters[d].propose if drafters[d] is not None else ModelDrafter(runners[d])
-        log(f"profile: acceptance {stages[d]['name']} -> {stages[v]['name']}")
-        pairs.append({"drafter": stages[d]["name"], "verifier": stages[v]["name"],
-                      **acceptance_by_position(draft, ids, continuations[v], options)})  # fmt: skip
+        log(f"profile: {stages[v]['name']}: greedy continuations")
+        continuation = [greedy_continuation(runners[v], p, options.continuation) for p in ids]
+        for d in range(v - 1, -1, -1):  # the adjacent drafter, then every earlier one (subsets skip stages)
+            draft = drafters[d].propose if drafters[d] is not None else ModelDrafter(runners[d])
+            log(f"profile: acceptance {stages[d]['name']} -> {stages[v]['name']}")
+            pair = {"drafter": stages[d]["name"], "verifier": stages[v]["name"], "drafter_index": d,
+                    "verifier_index": v, **acceptance_by_position(draft, ids, continuation, options)}  # fmt: skip
+            (pairs if d == v - 1 else skip_pairs).append(pair)
     del runners
     handoff = None
     if options.handoff_tokens and len(specs) >= 2:
@@ -302,6 +308,7 @@ def measure_profile(
         "options": asdict(options),
         "stages": stages,
         "pairs": pairs,
+        "skip_pairs": skip_pairs,
         "handoff_s": handoff,
         "duration_s": time.perf_counter() - started,
     }

@@ -182,6 +182,13 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
     template = config["dataset"]["prompt"]
     sampling = config.get("sampling") or {}
     acceptance = config.get("acceptance") or {}
+    auto = None
+    if strategy["name"] == "auto":  # the configuration the machine profile predicts fastest (pipespec.autoconf)
+        from pipespec.autoconf import choose_for_run
+
+        auto = choose_for_run(config, specs, dataset)
+        specs = [specs[i] for i in auto.stages]
+        strategy = {**strategy, "name": auto.strategy, "lookahead": auto.lookahead, "max_lead": auto.max_lead}
     # every check (vocabularies, options, prompt lengths) runs before anything is written
     pipe = Pipeline(
         specs,
@@ -221,8 +228,11 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
                 {"sample_id": sample.sample_id, "index": index, "stages": [t.to_dict() for t in result.stage_traces]},
             )
             bar.set_postfix_str(_live_figures(store.records))
-    summary = summarize_run(config, store.records, complete=len(store.records) == len(dataset.samples))
+    summary = summarize_run({**config, "strategy": strategy}, store.records,
+                            complete=len(store.records) == len(dataset.samples))  # fmt: skip
     summary["dataset_description"] = dataset.description()
+    if auto is not None:
+        summary["auto"] = auto.record()
     store.write_summary(summary)
     try:
         summary = refresh_reference(run_dir, options.get("reference_run"))

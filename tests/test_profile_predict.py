@@ -11,6 +11,7 @@ import pytest
 from analysis import predict as pr
 from analysis import profile as pf
 from analysis import simulate as sim
+from pipespec.errors import ConfigError
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -43,7 +44,10 @@ def test_profile_holds_what_prediction_needs(tiny_profile):
 def test_predict_every_strategy(tiny_profile):
     profile = pf.load_profile(tiny_profile)
     greedy = pr.predict(profile, "greedy")
-    assert greedy.predicted_tokens_per_s == pytest.approx(1 / profile.stages[-1].cost_fit(1).stage_cost()(1))
+    # the target alone: its measured t(1) per token, and reading the (mean) prompt once
+    target, prompt = profile.stages[-1], round(sum(profile.prompt_tokens) / len(profile.prompt_tokens))
+    seconds = 128 * target.step_s_alone[0] + prompt * target.prefill_s_per_token
+    assert greedy.predicted_tokens_per_s == pytest.approx(128 / seconds)
     for strategy, lookahead in (("sd", 3), ("pipespec", 0), ("pipespec", 2)):
         p = pr.predict(profile, strategy, lookahead)
         assert p.predicted_tokens_per_s > 0 and p.paper_predicted_tokens_per_s > 0
@@ -90,3 +94,101 @@ def test_acceptance_by_position_sampler():
     assert set(perfect_then_never.accepted_counts[0]) == {3}  # two drafts accepted, the third never
     with pytest.raises(ValueError, match="rates"):
         sim.ByPosition([1.5])
+
+
+# ---- the sweep ----------------------------------------------------------------------------------------
+
+
+def _k3_from_k2(raw: dict, skip: bool) -> dict:
+    """A k = 3 profile built from the measured k = 2 one: the drafter twice (a skip pair where asked)."""
+    k3 = json.loads(json.dumps(raw))
+    first = dict(k3["stages"][0], name="drafter-a")
+    k3["stages"] = [first] + k3["stages"]
+    k3["pairs"] = [dict(k3["pairs"][0], drafter="drafter-a", verifier=k3["stages"][1]["name"])] + k3["pairs"]
+    k3["skip_pairs"] = [dict(k3["pairs"][1], drafter_index=0, verifier_index=2)] if skip else []
+    return k3
+
+
+def test_sweep_ranks_every_configuration(tiny_profile):
+    done = subprocess.run([sys.executable, "-m", "analysis.predict", str(tiny_profile), "--sweep", "tokens=32",
+                           "--json"], env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = json.loads(done.stdout)
+    expected = 1 + len(pr.SD_WINDOWS) + sum(lead >= la for la in pr.LOOKAHEADS for lead in pr.MAX_LEADS)
+    assert len(records) == expected
+    rates = [r["predicted_tokens_per_s"] for r in records]
+    assert rates == sorted(rates, reverse=True)
+    assert [r["strategy"] for r in records].count("greedy") == 1
+    configs = {(r["strategy"], r["lookahead"], r["max_lead"]) for r in records}
+    assert ("sd", 8, 8) in configs and ("pipespec", 4, 16) in configs and ("pipespec", 2, 4) in configs
+    for record in records:
+        for key in ("strategy", "lookahead", "max_lead", "stages", "predicted_tokens_per_s",
+                    "paper_predicted_tokens_per_s", "mean_acceptance_length"):
+            assert key in record
+    text = subprocess.run([sys.executable, "-m", "analysis.predict", str(tiny_profile), "--sweep", "tokens=32"],
+                          env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert text.stdout.splitlines()[0].startswith("1. ") and len(text.stdout.splitlines()) == expected
+
+
+def test_sweep_uses_stage_subsets_only_with_their_acceptance(tiny_profile):
+    raw = json.loads(tiny_profile.read_text())
+    with_skip = pf.parse_profile(_k3_from_k2(raw, skip=True))
+    subsets, notes = pr.stage_subsets(with_skip)
+    assert subsets == [(0, 1, 2), (0, 2), (1, 2)] and notes == []
+    skipping = pr.predict(with_skip, "sd", 2, tokens=32, stages=(0, 2))
+    assert skipping.stages == ("drafter-a", raw["stages"][1]["name"]) and skipping.stage_indices == (0, 2)
+    ranked, _ = pr.sweep(with_skip, tokens=16)
+    assert {p.stage_indices for p in ranked if p.strategy != "greedy"} == {(0, 1, 2), (0, 2), (1, 2)}
+    without = pf.parse_profile(_k3_from_k2(raw, skip=False))
+    subsets, notes = pr.stage_subsets(without)
+    assert subsets == [(0, 1, 2), (1, 2)] and len(notes) == 1 and "drafter-a > " in notes[0]
+    with pytest.raises(ConfigError, match="no acceptance"):
+        pr.predict(without, "sd", 2, stages=(0, 2))
+    with pytest.raises(ConfigError, match="ending with the target"):
+        pr.predict(without, "sd", 2, stages=(0, 1))
+
+
+def test_draft_confidence_is_refused_with_a_clear_error(tiny_profile):
+    with pytest.raises(ConfigError, match="draft_confidence cannot be predicted"):
+        pr.predict(pf.load_profile(tiny_profile), "pipespec", draft_confidence=0.5)
+    done = subprocess.run([sys.executable, "-m", "analysis.predict", str(tiny_profile), "draft_confidence=0.5"],
+                          env=ENV, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("error: draft_confidence")
+
+
+# ---- validation on runs ------------------------------------------------------------------------------
+
+
+def _run(out, *overrides):
+    command = [sys.executable, "-m", "experiments.run", "models=tiny_k2", "dataset=humaneval", "max_new_tokens=8",
+               "run.progress=false", f"hydra.run.dir={out}", *overrides]  # fmt: skip
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def test_validate_separates_in_sample_runs_and_names_mismatches(tiny_profile, tmp_path):
+    held_out = _run(tmp_path / "greedy", "strategy=greedy", "dataset.ids=[HumanEval/2,HumanEval/3]")
+    seen = _run(tmp_path / "sd", "strategy=sd", "strategy.lookahead=2", "dataset.n_samples=2")  # HumanEval/0, 1
+    done = subprocess.run([sys.executable, "-m", "analysis.validate", str(tiny_profile), str(held_out), str(seen),
+                           "--json"], env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = {r["run"]: r for r in json.loads(done.stdout)}
+    assert records[str(held_out)]["in_sample"] is False and records[str(seen)]["in_sample"] is True
+    for record in records.values():
+        for key in ("run", "measured_tokens_per_s", "predicted_tokens_per_s", "paper_predicted_tokens_per_s",
+                    "error", "in_sample"):
+            assert key in record
+        assert record["error"] == pytest.approx(record["predicted_tokens_per_s"] / record["measured_tokens_per_s"] - 1)
+    text = subprocess.run([sys.executable, "-m", "analysis.validate", str(tiny_profile), str(held_out), str(seen)],
+                          env=ENV, capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    held, _, in_sample = text.partition("in-sample runs")
+    assert "held-out runs" in held and "greedy" in held and "sd" not in held.split("ours:")[0].split("\n", 2)[2]
+    assert "sd" in in_sample and "over 1 runs" in in_sample
+    raw = json.loads(tiny_profile.read_text())
+    raw["machine"]["cpu"]["name"] = "Some Other CPU"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(raw))
+    done = subprocess.run([sys.executable, "-m", "analysis.validate", str(other), str(held_out)], env=ENV,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "warning:" in done.stderr and "cpu: profile 'Some Other CPU'" in done.stderr

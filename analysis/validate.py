@@ -1,0 +1,184 @@
+"""Measured against predicted: a machine profile's predictions checked on run directories (no torch).
+
+    python -m analysis.validate PROFILE RUN_DIRS... [--json]
+
+For each run (`analysis.results`), the configuration it ran (strategy, lookahead, max_lead, the stages it
+used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict`, and the
+paper's model beside it) and set against the run's measured tokens/s. error = predicted / measured - 1.
+
+A run whose samples overlap the profile's (same dataset, a shared sample id) is in-sample: the profile
+saw its prompts. It is reported on its own and never enters the held-out summary (median and largest
+|error| per model). A run of another hierarchy, dataset or machine than the profile is predicted with a
+warning naming the mismatch; a run that cannot be predicted (draft_confidence, synthetic acceptance,
+sampling, stages the profile lacks) is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from analysis.predict import predict
+from analysis.profile import Profile, ProfileError, load_profile, mismatches
+from analysis.results import ResultsError, Run, find_runs
+from pipespec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Validation:
+    run: str
+    strategy: str
+    lookahead: int
+    max_lead: int | None
+    stages: tuple[str, ...]
+    measured_tokens_per_s: float
+    predicted_tokens_per_s: float
+    paper_predicted_tokens_per_s: float
+    error: float  # predicted / measured - 1 (our model)
+    paper_error: float
+    in_sample: bool
+    warnings: tuple[str, ...] = ()
+
+
+def _stage_name(name: str) -> str:
+    """'1:smollm2-fp32' (a run's stage name) -> 'smollm2-fp32' (the profile's)."""
+    head, sep, rest = name.partition(":")
+    return rest if sep and head.isdigit() else name
+
+
+def run_stages(profile: Profile, run: Run) -> tuple[int, ...] | None:
+    """The profile positions of the stages the run used, by name; None if one is not in the profile."""
+    names = [s.name for s in profile.stages]
+    used = [_stage_name(n) for n in run.stage_names]
+    if any(n not in names for n in used):
+        return None
+    return tuple(names.index(n) for n in used)
+
+
+def in_sample(profile: Profile, run: Run) -> bool:
+    """The run's prompts overlap the profile's: same dataset and a shared sample id."""
+    if profile.dataset is not None and run.dataset != profile.dataset:
+        return False
+    return bool({str(s["sample_id"]) for s in run.samples} & set(profile.sample_ids))
+
+
+def run_warnings(profile: Profile, run: Run) -> list[str]:
+    env = run.env or {}
+    here = {"cpu": env.get("cpu"), "torch": env.get("torch"), "transformers": env.get("transformers")}
+    found = mismatches(profile, hierarchy=run.hierarchy, here=here)
+    if profile.dataset is not None and run.dataset != profile.dataset:
+        found.append(f"dataset: profile {profile.dataset!r}, run {run.dataset!r}")
+    return found
+
+
+def why_not(run: Run) -> str | None:
+    """Why the profile cannot predict this run (None: it can)."""
+    if not run.lossless:
+        return "synthetic acceptance"
+    if run.sampled:
+        return "sampled decoding (the profile measures greedy acceptance)"
+    if float(run.summary.get("draft_confidence") or 0.0):
+        return "draft_confidence (the simulator has no model of it)"
+    return None
+
+
+def validate_run(profile: Profile, run: Run) -> Validation:
+    problem = why_not(run)
+    if problem:
+        raise ConfigError(f"{run.path}: cannot be predicted: {problem}")
+    stages = run_stages(profile, run)
+    if stages is None and run.strategy != "greedy":
+        raise ConfigError(f"{run.path}: its stages {run.stage_names} are not all in the profile "
+                          f"{[s.name for s in profile.stages]}")  # fmt: skip
+    tokens = max(round(run.summary["new_tokens"] / max(run.n_samples, 1)), 1)
+    prompt = round(statistics.mean(int(r.get("prompt_tokens") or 0) for r in run.samples)) if run.samples else 0
+    max_lead = run.max_lead if run.max_lead is not None else 8
+    prediction = predict(profile, run.strategy, run.lookahead, max_lead, tokens,
+                         stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt)  # fmt: skip
+    measured = run.tokens_per_s
+    return Validation(
+        run=str(run.path), strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
+        stages=prediction.stages, measured_tokens_per_s=measured,
+        predicted_tokens_per_s=prediction.predicted_tokens_per_s,
+        paper_predicted_tokens_per_s=prediction.paper_predicted_tokens_per_s,
+        error=prediction.predicted_tokens_per_s / measured - 1,
+        paper_error=prediction.paper_predicted_tokens_per_s / measured - 1,
+        in_sample=in_sample(profile, run), warnings=tuple(run_warnings(profile, run)),
+    )  # fmt: skip
+
+
+def validate(profile: Profile, runs: Sequence[Run]) -> tuple[list[Validation], list[str]]:
+    """One Validation per predictable run, and a note per skipped one."""
+    done, notes = [], []
+    for run in runs:
+        try:
+            done.append(validate_run(profile, run))
+        except ConfigError as error:
+            notes.append(str(error))
+    return done, notes
+
+
+def summary(records: Sequence[Validation]) -> dict:
+    """Median and largest |error| per model over the given records (None when there are none)."""
+    def stats(errors):
+        errors = [abs(e) for e in errors]
+        return {"median_abs_error": statistics.median(errors) if errors else None,
+                "max_abs_error": max(errors) if errors else None, "runs": len(errors)}  # fmt: skip
+
+    return {"ours": stats(r.error for r in records), "paper": stats(r.paper_error for r in records)}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def format_report(records: Sequence[Validation]) -> str:
+    lines = []
+    for title, subset in (("held-out runs", [r for r in records if not r.in_sample]),
+                          ("in-sample runs (the profile saw their prompts)", [r for r in records if r.in_sample])):
+        if not subset:
+            continue
+        lines += [f"{title}:", f"  {'run':<44}{'measured':>10}{'ours':>9}{'error':>9}{'paper':>10}{'error':>9}"]
+        for r in subset:
+            name = r.run if len(r.run) <= 43 else "..." + r.run[-40:]
+            lines.append(f"  {name:<44}{r.measured_tokens_per_s:>10.2f}{r.predicted_tokens_per_s:>9.2f}"
+                         f"{_pct(r.error):>9}{r.paper_predicted_tokens_per_s:>10.2f}"
+                         f"{_pct(r.paper_error):>9}")  # fmt: skip
+        figures = summary(subset)
+        for model in ("ours", "paper"):
+            f = figures[model]
+            lines.append(f"  {model}: median |error| {100 * f['median_abs_error']:.1f}%, "
+                         f"largest {100 * f['max_abs_error']:.1f}% over {f['runs']} runs")  # fmt: skip
+    return "\n".join(lines) if lines else "no run could be predicted"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    argv = [a for a in argv if a != "--json"]
+    if len(argv) < 2:
+        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json]", file=sys.stderr)
+        return 2
+    try:
+        profile = load_profile(argv[0])
+        records, notes = validate(profile, find_runs(argv[1:]))
+    except (ProfileError, ResultsError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: skipped {note}", file=sys.stderr)
+    for record in records:
+        for warning in record.warnings:
+            print(f"warning: {record.run}: profile from elsewhere: {warning}", file=sys.stderr)
+    if as_json:
+        print(json.dumps([asdict(r) for r in records]))
+    else:
+        print(format_report(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""`strategy="auto"`: the configuration a machine profile predicts fastest, greedy included.
+
+    choice = choose(specs, profile_path, hierarchy="smollm2_int8_fp32")   # or profile_path=None
+
+The ranking is `analysis.predict.sweep` (greedy, sd windows, pipespec lookahead x max_lead, on every
+subset of the stages that keeps the target). `pipespec` imports without `analysis`: this module
+imports it only inside its functions (both are torch-free; `analysis` needs numpy).
+
+Without a profile, a short one (`pipespec.profiling.SHORT_OPTIONS`, about a minute for SmolLM2) is
+measured once and cached per machine and hierarchy under `pipespec.prepare.cache_root() / "profiles"`.
+A profile measured on another machine, hierarchy or library version is a `ConfigError` naming what
+differs. When nothing is predicted to beat greedy, the choice is greedy, and the reason says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from pipespec.errors import ConfigError
+from pipespec.models import StageSpec
+
+RUNNERS_UP = 4  # candidates recorded beside the choice
+PREDICT_TOKENS = 128  # the generation length the ranking simulates
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    strategy: str
+    lookahead: int
+    max_lead: int
+    stages: tuple[int, ...]  # positions of the stages to run in the given hierarchy (greedy: the target)
+    predicted_tokens_per_s: float
+    runners_up: tuple[dict, ...]
+    reason: str
+    profile: str
+
+    def record(self) -> dict[str, Any]:
+        """What summary.json records under `auto`."""
+        chosen = {"strategy": self.strategy, "lookahead": self.lookahead, "max_lead": self.max_lead,
+                  "stages": list(self.stages)}  # fmt: skip
+        return {"chosen": chosen, "predicted_tokens_per_s": self.predicted_tokens_per_s,
+                "runners_up": list(self.runners_up), "reason": self.reason, "profile": self.profile}  # fmt: skip
+
+
+def stage_identity(spec: StageSpec) -> dict[str, Any]:
+    """What a profile's stage entry records of a stage (`analysis.profile.IDENTITY_KEYS`)."""
+    return {"kind": spec.kind, "model": spec.model, "quantize": spec.quantize, "dtype": spec.dtype,
+            "threads": spec.threads}  # fmt: skip
+
+
+def _candidate(prediction) -> dict[str, Any]:
+    return {"strategy": prediction.strategy, "lookahead": prediction.lookahead, "max_lead": prediction.max_lead,
+            "stages": list(prediction.stage_indices), "predicted_tokens_per_s": prediction.predicted_tokens_per_s}
+
+
+def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
+                        hierarchy: str | None = None) -> AutoChoice:  # fmt: skip
+    """The best predicted configuration for `specs` from the profile at `profile_path`."""
+    from analysis.predict import sweep
+    from analysis.profile import ProfileError, load_profile, mismatches
+
+    try:
+        profile = load_profile(profile_path)
+    except ProfileError as error:
+        raise ConfigError(f"strategy auto: {error}") from None
+    found = mismatches(profile, hierarchy=hierarchy, stages=[stage_identity(s) for s in specs])
+    if found:
+        raise ConfigError(f"strategy auto: the profile {profile.path} does not fit this run: {'; '.join(found)} "
+                          "(measure one here: python -m experiments.profile, or pass no profile)")  # fmt: skip
+    ranked, notes = sweep(profile, PREDICT_TOKENS)
+    best = ranked[0]
+    greedy = next(p for p in ranked if p.strategy == "greedy")
+    if best.strategy == "greedy":
+        second = ranked[1] if len(ranked) > 1 else None
+        reason = ("no configuration is predicted to beat greedy" + (
+            f" (the best other, {second.strategy} lookahead {second.lookahead} max_lead {second.max_lead} on "
+            f"{' > '.join(second.stages)}, {second.predicted_tokens_per_s:.1f} tokens/s against greedy "
+            f"{greedy.predicted_tokens_per_s:.1f})" if second else ""))  # fmt: skip
+    else:
+        reason = (f"predicted {best.predicted_tokens_per_s:.1f} tokens/s, "
+                  f"{best.predicted_tokens_per_s / greedy.predicted_tokens_per_s:.2f}x greedy's "
+                  f"{greedy.predicted_tokens_per_s:.1f}")  # fmt: skip
+    if notes:
+        reason += "; " + "; ".join(notes)
+    return AutoChoice(best.strategy, best.lookahead, best.max_lead, tuple(best.stage_indices),
+                      best.predicted_tokens_per_s, tuple(_candidate(p) for p in ranked[1 : 1 + RUNNERS_UP]),
+                      reason, str(profile.path))  # fmt: skip
+
+
+# ---- the cached short profile ------------------------------------------------------------------------
+
+
+def _machine_key(specs: Sequence[StageSpec]) -> str:
+    from analysis.profile import this_machine
+
+    facts = {"machine": this_machine(), "stages": [stage_identity(s) for s in specs]}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cached_profile_path(specs: Sequence[StageSpec], hierarchy: str) -> Path:
+    """Where the short profile of this hierarchy on this machine (CPU, library versions, stages) is cached."""
+    from pipespec.prepare import cache_root
+
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in hierarchy)
+    return cache_root() / "profiles" / f"{safe}-{_machine_key(specs)}.json"
+
+
+def default_prompts(tokenizer, context_length: int, count: int) -> tuple[str, list[tuple[str, list[int]]]]:
+    """The first `count` HumanEval problems as base-model prompts (when the caller has none)."""
+    import yaml
+
+    from pipespec.conf import CONF_DIR
+    from pipespec.data import build_prompt_ids, load_dataset
+
+    config = yaml.safe_load((CONF_DIR / "dataset" / "humaneval.yaml").read_text())
+    dataset = load_dataset({**config, "n_samples": count})
+    prompts = [(s.sample_id, build_prompt_ids(s, config["prompt"], tokenizer, "base", context_length, 128)[0])
+               for s in dataset.samples]  # fmt: skip
+    return dataset.name, prompts
+
+
+def ensure_profile(specs: Sequence[StageSpec], hierarchy: str, prompts: Callable[[], tuple[str, list]],
+                   log=print) -> Path:  # fmt: skip
+    """The cached short profile of `specs`, measured (and cached) first if there is none.
+    `prompts()` -> (dataset name, [(sample id, prompt ids)]), called only when measuring."""
+    from pipespec.profiling import SHORT_OPTIONS, SHORT_PROMPTS, measure_profile
+    from pipespec.results import atomic_write_json
+
+    path = cached_profile_path(specs, hierarchy)
+    if path.exists():
+        return path
+    dataset, chosen = prompts()
+    log(f"auto: no profile of {hierarchy} on this machine: measuring a short one (cached in {path})")
+    profile = measure_profile(specs, hierarchy, chosen[:SHORT_PROMPTS], SHORT_OPTIONS, dataset=dataset, log=log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, profile)
+    return path
+
+
+def choose(specs: Sequence[StageSpec], profile_path: str | Path | None, hierarchy: str | None,
+           prompts: Callable[[], tuple[str, list]], log=print) -> AutoChoice:  # fmt: skip
+    """The auto choice from `profile_path`, or from the cached (else freshly measured) short profile."""
+    if profile_path is None:
+        name = hierarchy or "+".join(s.label for s in specs)
+        profile_path = ensure_profile(specs, name, prompts, log)
+        hierarchy = name
+    return choose_from_profile(profile_path, specs, hierarchy)
+
+
+def check_auto_options(draft_confidence: float) -> None:
+    if draft_confidence:
+        raise ConfigError(f"strategy auto cannot honour draft_confidence={draft_confidence!r}: its predictions have "
+                          "no model of a drafter's own confidence (leave it 0)")  # fmt: skip
+
+
+def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoChoice:
+    """The runner's `strategy=auto` (`strategy.profile`: a profile path, or null for the cached short one),
+    measuring a missing short profile on the run's own first prompts."""
+    from pipespec.data import build_prompt_ids
+    from pipespec.models import check_shared_vocabulary, context_length
+
+    strategy = config["strategy"]
+    check_auto_options(strategy.get("draft_confidence", 0.0))
+
+    def prompts():
+        tokenizer = check_shared_vocabulary(specs)
+        family = config["models"].get("family", "base")
+        limit = context_length(specs[-1].model)
+        return dataset.name, [(s.sample_id, build_prompt_ids(s, config["dataset"]["prompt"], tokenizer, family, limit,
+                                                             config["max_new_tokens"])[0]) for s in dataset.samples]
+
+    return choose(specs, strategy.get("profile"), config["models"]["name"], prompts)
+
+
+def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | None,
+                        draft_confidence: float = 0.0) -> AutoChoice:  # fmt: skip
+    """`Pipeline(..., strategy="auto", profile=PATH)`; without a profile, the cached short profile of these
+    stages (measured first on the first HumanEval problems if there is none)."""
+    from pipespec.models import check_shared_vocabulary, context_length
+
+    check_auto_options(draft_confidence)
+
+    def prompts():
+        from pipespec.profiling import SHORT_PROMPTS
+
+        return default_prompts(check_shared_vocabulary(specs), context_length(specs[-1].model), SHORT_PROMPTS)
+
+    return choose(specs, profile_path, None, prompts)

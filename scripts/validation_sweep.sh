@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Held-out validation of the profile-based prediction (issue 14, item 4), into results/validation/:
+#  1. per hierarchy and dataset, a machine profile on the first 10 prompts (HumanEval/0-9, news_lee
+#     lee_background-000..009): python -m experiments.profile;
+#  2. runs on other prompts (HumanEval/10-17, lee_background-010..017: 8 per run, 96 new tokens) of
+#     greedy, sd windows 2/4/6 and pipespec lookahead 0/1/2/4 x max_lead 4/8;
+#  3. python -m analysis.validate PROFILE RUNS per hierarchy and dataset (text + JSON report).
+# Subsets: HIERARCHIES="smollm2_int8_fp32" DATASETS="humaneval" bash scripts/validation_sweep.sh
+# OUT=dir (default results/validation), PROFILE_OPTIONS="profile.max_fed=16" (extra profile overrides).
+# Duration (estimated, not run): greedy SmolLM2 is ~15 tokens/s here, so a run of 8 x 96 tokens takes about
+# 50 s + ~10 s start; the full sweep is 3 x 2 x 12 = 72 runs (~70 min) plus 6 profiles (~2-3 min each):
+# about 85 min. In 45 min about 35 runs fit after the profiles: e.g. one dataset (DATASETS=humaneval,
+# 36 runs + 3 profiles is about 45 min) or two hierarchies on both datasets is too many (48 runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-results/validation}
+HIERARCHIES=${HIERARCHIES:-"smollm2_int8_fp32 smollm2_pld_int8_fp32 smollm2_pld_fp32"}
+DATASETS=${DATASETS:-"humaneval news_lee_cnndm"}
+PROFILE_OPTIONS=${PROFILE_OPTIONS:-"profile.max_fed=16"}
+TOKENS=96
+
+ids() {  # ids DATASET FIRST LAST -> a Hydra list of sample ids
+  local dataset=$1 first=$2 last=$3 out="" i
+  for ((i = first; i <= last; i++)); do
+    if [[ $dataset == humaneval ]]; then out+="HumanEval/$i,"; else out+=$(printf 'lee_background-%03d,' "$i"); fi
+  done
+  echo "[${out%,}]"
+}
+
+CONFIGS=("strategy=greedy")
+for w in 2 4 6; do CONFIGS+=("strategy=sd strategy.lookahead=$w"); done
+for la in 0 1 2 4; do for lead in 4 8; do
+  CONFIGS+=("strategy=pipespec strategy.lookahead=$la strategy.max_lead=$lead")
+done; done
+
+mkdir -p "$OUT"
+started=$(date +%s)
+for h in $HIERARCHIES; do
+  for d in $DATASETS; do
+    dir="$OUT/$h/$d"
+    if [[ ! -f $dir/profile/profile.json ]]; then
+      # shellcheck disable=SC2086
+      "$PY" -m experiments.profile "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 0 9)" \
+        "max_new_tokens=$TOKENS" $PROFILE_OPTIONS "hydra.run.dir=$dir/profile"
+    fi
+    for config in "${CONFIGS[@]}"; do
+      name=$(echo "$config" | sed 's/strategy=//; s/strategy\.lookahead=/L/; s/strategy\.max_lead=/M/; s/ /_/g')
+      [[ -f $dir/runs/$name/summary.json ]] && continue  # done by an earlier call: resume the sweep
+      # shellcheck disable=SC2086
+      "$PY" -m experiments.run "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 10 17)" "max_new_tokens=$TOKENS" \
+        $config run.progress=false "hydra.run.dir=$dir/runs/$name"
+    done
+    "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/runs" --json > "$dir/validation.json"
+    "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/runs" > "$dir/validation.txt"
+    echo "== $h $d" && cat "$dir/validation.txt"
+  done
+done
+{
+  for f in "$OUT"/*/*/validation.txt; do echo "== ${f#"$OUT"/}"; cat "$f"; echo; done
+} > "$OUT/report.txt"
+echo "validation report: $OUT/report.txt ($(( ($(date +%s) - started) / 60 )) min)"

@@ -1,0 +1,140 @@
+"""strategy="auto" (pipespec.autoconf): the configuration a machine profile predicts fastest, greedy
+included, in the runner and the API; the short profile measured and cached when there is none; a profile
+from elsewhere refused under auto. One short tiny_k2 profile is measured for the module (by the runner)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import predict as pr
+from analysis import profile as pf
+from pipespec import autoconf
+from pipespec.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def _run(cache, out, *overrides, timeout=300):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PIPESPEC_CACHE": str(cache)}
+    command = [sys.executable, "-m", "experiments.run", "models=tiny_k2", "dataset=humaneval", "dataset.n_samples=2",
+               "max_new_tokens=8", "run.progress=false", f"hydra.run.dir={out}", *overrides]  # fmt: skip
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def auto_run(cache, tmp_path_factory):
+    """A runner call with strategy=auto and no profile: it measures the short profile and caches it."""
+    out = tmp_path_factory.mktemp("auto_run")
+    done = _run(cache, out, "strategy=auto")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out, json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def profile_path(auto_run, cache):
+    found = list((cache / "profiles").glob("tiny_k2-*.json"))
+    assert len(found) == 1
+    return found[0]
+
+
+def test_runner_auto_measures_caches_and_records_the_choice(auto_run, profile_path):
+    out, summary = auto_run
+    record = summary["auto"]
+    assert set(record) >= {"chosen", "predicted_tokens_per_s", "runners_up", "reason"}
+    assert record["profile"] == str(profile_path)
+    profile = pf.load_profile(profile_path)
+    assert profile.duration_s <= 60 and profile.hierarchy == "tiny_k2"
+    ranked, _ = pr.sweep(profile, autoconf.PREDICT_TOKENS)
+    best = ranked[0]
+    assert record["chosen"] == {"strategy": best.strategy, "lookahead": best.lookahead, "max_lead": best.max_lead,
+                                "stages": list(best.stage_indices)}  # fmt: skip
+    assert record["predicted_tokens_per_s"] == pytest.approx(best.predicted_tokens_per_s)
+    assert len(record["runners_up"]) == autoconf.RUNNERS_UP
+    assert summary["strategy"] == best.strategy  # the run ran the chosen configuration
+    assert len(summary["stage_names"]) == len(best.stage_indices)
+
+
+def test_runner_auto_reuses_a_profile_and_refuses_one_from_elsewhere(cache, profile_path, tmp_path):
+    again = _run(cache, tmp_path / "again", "strategy=auto", f"strategy.profile={profile_path}")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "measuring a short one" not in again.stderr
+    wrong = _run(cache, tmp_path / "k3", "models=tiny_k3", "strategy=auto", f"strategy.profile={profile_path}")
+    lines = wrong.stderr.strip().splitlines()
+    assert wrong.returncode == 2 and lines[-1].startswith("error: strategy auto") and "hierarchy:" in lines[-1]
+    assert not (tmp_path / "k3" / "samples.jsonl").exists()
+
+
+def _specs(profile_path):
+    from pipespec.models import StageSpec
+
+    raw = json.loads(profile_path.read_text())
+    return [StageSpec.from_any({"model": s["model"], "name": s["name"]}) for s in raw["stages"]]
+
+
+def _edited(profile_path, tmp_path, edit):
+    raw = json.loads(profile_path.read_text())
+    edit(raw)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_a_profile_from_another_machine_or_library_is_an_error(profile_path, tmp_path):
+    specs = _specs(profile_path)
+    cpu = _edited(profile_path, tmp_path, lambda raw: raw["machine"]["cpu"].update(name="Some Other CPU"))
+    with pytest.raises(ConfigError, match="cpu: profile 'Some Other CPU'"):
+        autoconf.choose_from_profile(cpu, specs, "tiny_k2")
+    torch = _edited(profile_path, tmp_path, lambda raw: raw["machine"]["libraries"].update(torch="0.0.1"))
+    with pytest.raises(ConfigError, match="torch: profile 0.0.1"):
+        autoconf.choose_from_profile(torch, specs, "tiny_k2")
+    with pytest.raises(ConfigError, match="stage 0 model"):
+        autoconf.choose_from_profile(profile_path, [specs[1], specs[1]])
+    with pytest.raises(ConfigError, match="draft_confidence"):
+        autoconf.check_auto_options(0.5)
+
+
+def _set_costs(raw, drafter_step_s, acceptance):
+    drafter, target = raw["stages"]
+    drafter["step_s_alone"] = drafter["step_s_loaded"] = [drafter_step_s] * len(drafter["step_s_alone"])
+    target["step_s_alone"] = target["step_s_loaded"] = [0.01 + 0.0001 * n for n in range(len(target["step_s_alone"]))]
+    raw["pairs"][0]["acceptance_by_position"] = [acceptance] * len(raw["pairs"][0]["acceptance_by_position"])
+    raw["handoff_s"] = 0.0
+
+
+def test_greedy_when_nothing_beats_it_else_the_best(profile_path, tmp_path):
+    specs = _specs(profile_path)
+    slow = _edited(profile_path, tmp_path, lambda raw: _set_costs(raw, 0.05, 0.1))  # a drafter 5x slower, rarely right
+    choice = autoconf.choose_from_profile(slow, specs, "tiny_k2")
+    assert choice.strategy == "greedy" and choice.stages == (1,)
+    assert choice.reason.startswith("no configuration is predicted to beat greedy")
+    fast = _edited(profile_path, tmp_path, lambda raw: _set_costs(raw, 0.001, 0.95))  # 10x faster, nearly always right
+    choice = autoconf.choose_from_profile(fast, specs, "tiny_k2")
+    assert choice.strategy != "greedy" and choice.stages == (0, 1) and "x greedy's" in choice.reason
+    greedy = next(c for c in choice.runners_up if c["strategy"] == "greedy") if any(
+        c["strategy"] == "greedy" for c in choice.runners_up) else None
+    assert greedy is None or greedy["predicted_tokens_per_s"] < choice.predicted_tokens_per_s
+
+
+def test_pipeline_auto_resolves_before_starting_and_matches_greedy(profile_path):
+    from pipespec.api import Pipeline
+    from pipespec.tiny import random_prompts
+
+    specs = _specs(profile_path)
+    prompt = random_prompts(1, length=8, seed=3)[0]
+    with Pipeline(specs, strategy="auto", profile=str(profile_path)) as pipe:
+        assert pipe.auto is not None and pipe.strategy == pipe.auto.strategy
+        assert len(pipe.specs) == len(pipe.auto.stages)
+        tokens = pipe.generate(prompt, 12).tokens
+    with Pipeline(specs[-1:], strategy="greedy") as reference:
+        assert tokens == reference.generate(prompt, 12).tokens
+    with pytest.raises(ConfigError, match="only read by strategy='auto'"):
+        Pipeline(specs, strategy="sd", profile=str(profile_path))
