@@ -113,8 +113,9 @@ class Drawn:
 
 
 def _shown(path: str | Path) -> str:
-    """A path relative to the repository (stable whichever folder the command runs from)."""
-    return os.path.relpath(Path(path).resolve(), REPO_ROOT)
+    """A path relative to the repository (stable whichever folder the command runs from; symlinks are not
+    followed, so a linked `../shared` still reads `../shared`)."""
+    return os.path.relpath(os.path.abspath(path), REPO_ROOT)
 
 
 def _fmt(value) -> str:

@@ -43,9 +43,8 @@ def plan(config: dict) -> None:
 def main(cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pipespec.errors import StageError
     from pipespec.data import DataError
-    from pipespec.errors import ConfigError
+    from pipespec.errors import ConfigError, StageError
     from pipespec.runner import RunError, format_run, run_experiment
 
     config = OmegaConf.to_container(cfg, resolve=True)

@@ -58,7 +58,7 @@ from pipespec.models import (
     eos_token_ids,
 )
 from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
-from pipespec.schedule import check_options, roles
+from pipespec.schedule import DEFAULT_MAX_LEAD, check_options, roles
 from pipespec.trace import StageTrace, format_summary, summarize
 from pipespec.verify import check_acceptance, check_sampling
 
@@ -143,7 +143,7 @@ class Pipeline:
         stages: Sequence[StageSpec | str | Mapping[str, Any]],
         strategy: str = "pipespec",
         lookahead: int = 0,
-        max_lead: int = 8,
+        max_lead: int = DEFAULT_MAX_LEAD,
         *,
         draft_confidence: float = 0.0,
         start_timeout_s: float = 600.0,

@@ -1,8 +1,10 @@
 """Stage models: what each pipeline stage runs, and the primitives it runs them with.
 
 A stage is either a Hugging Face causal LM (hub id or local directory, with a
-dtype, a device and optional int8 dynamic quantization) or a prompt-lookup
-drafter (no model: it continues the latest n-gram match of prompt + output).
+dtype, a device and optional int8 dynamic or nf4 quantization) or a model-free
+drafter (`pipespec.drafters`: prompt lookup continues the latest n-gram match of
+prompt + output; a suffix drafter continues the longest suffix match in the prompt,
+earlier outputs and corpus files).
 
 The model primitives follow gpt-fast: explicit positions and an explicit KV
 cache whose length is tracked beside it. A `CausalLMRunner` holds the K/V of a

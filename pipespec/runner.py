@@ -30,6 +30,7 @@ from typing import Any, Mapping
 from pipespec.errors import ConfigError
 from pipespec.gpu import GpuMonitor, gpu_facts, sample_gpu_figures
 from pipespec.results import RunStore, ResultsError, refresh_reference, stage_stats, summarize_run
+from pipespec.schedule import DEFAULT_MAX_LEAD
 from pipespec.stats import StageStats, pool
 
 
@@ -194,7 +195,7 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
         specs,
         strategy=strategy["name"],
         lookahead=strategy.get("lookahead", 0),
-        max_lead=strategy.get("max_lead", 8),
+        max_lead=strategy.get("max_lead", DEFAULT_MAX_LEAD),
         draft_confidence=strategy.get("draft_confidence", 0.0),
         stall_timeout_s=options.get("stall_timeout_s", 30),
         start_timeout_s=options.get("start_timeout_s", 600),
