@@ -1,7 +1,8 @@
 """Control messages between the driver and the stage processes, over torch.distributed (gloo).
 
-Each message is a small picklable tuple, sent as two gloo tensors: its length,
-then its bytes. A gloo `irecv` reports completion only after `wait()`, so one
+Each message is a small picklable object, sent as one gloo tensor of FRAME bytes (its
+length, then as much of its bytes as fit) and, only when it is longer, a second tensor
+with the rest: most control messages take one gloo operation, not two. A gloo `irecv` reports completion only after `wait()`, so one
 receiver thread per peer blocks in `recv` and puts what arrives into an inbox
 queue; the owner waits on that queue with a timeout and never spins.
 
@@ -28,6 +29,8 @@ from pipespec.launch import START_COUNTER, start_prefix
 from pipespec.protocol import LinkBroken  # put in the inbox when the link to a peer breaks
 
 IDLE_LINK_TIMEOUT = datetime.timedelta(days=365)
+FRAME = 1024  # bytes of the first tensor of every message: an 8-byte length, then the payload's start
+HEADER = 8
 
 
 class LinkLost(ConnectionError):
@@ -96,11 +99,15 @@ class GlooTransport:
     def send(self, peer: int, message: Any) -> None:
         started = time.perf_counter()
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        length = torch.tensor([len(payload)], dtype=torch.int64)
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        frame = bytearray(FRAME)
+        frame[:HEADER] = len(payload).to_bytes(HEADER, "little")
+        head = payload[: FRAME - HEADER]
+        frame[HEADER : HEADER + len(head)] = head
         try:
-            self.group.send([length], peer, 0).wait()
-            self.group.send([data], peer, 0).wait()
+            self.group.send([torch.frombuffer(frame, dtype=torch.uint8)], peer, 0).wait()
+            if len(payload) > len(head):
+                rest = torch.frombuffer(bytearray(payload[len(head) :]), dtype=torch.uint8)
+                self.group.send([rest], peer, 0).wait()
         except RuntimeError as error:  # gloo's message for a dead peer is long: keep its first line
             raise LinkLost(f"lost the link to {peer_name(peer)}: {str(error).splitlines()[0][:200]}", peer) from None
         self.bytes_sent += len(payload)
@@ -109,11 +116,16 @@ class GlooTransport:
     def _receive_from(self, peer: int) -> None:
         try:
             while not self.closed:
-                length = torch.empty(1, dtype=torch.int64)
-                self.group.recv([length], peer, 0).wait()
-                data = torch.empty(int(length.item()), dtype=torch.uint8)
-                self.group.recv([data], peer, 0).wait()
-                self.inbox.put((peer, pickle.loads(data.numpy().tobytes())))
+                frame = torch.empty(FRAME, dtype=torch.uint8)
+                self.group.recv([frame], peer, 0).wait()
+                raw = frame.numpy().tobytes()
+                length = int.from_bytes(raw[:HEADER], "little")
+                payload = raw[HEADER : HEADER + length]
+                if length > FRAME - HEADER:
+                    rest = torch.empty(length - (FRAME - HEADER), dtype=torch.uint8)
+                    self.group.recv([rest], peer, 0).wait()
+                    payload += rest.numpy().tobytes()
+                self.inbox.put((peer, pickle.loads(payload)))
         except Exception as error:  # the peer died or the group was torn down
             if not self.closed:
                 self.inbox.put((peer, LinkBroken(str(error).splitlines()[0] if str(error) else repr(error))))

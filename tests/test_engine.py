@@ -22,7 +22,7 @@ LOOKAHEADS = (0, 1, 4, 8)
 MAX_NEW = 24
 
 
-TINY = {"noise": [NOISE["low"], NOISE["medium"], NOISE["high"]]}
+TINY = {"noise": [NOISE["low"], NOISE["medium"], NOISE["high"]], "num_layers": 1}  # 1 layer: steps ~40% cheaper
 
 
 @pytest.fixture(scope="module")
