@@ -1,6 +1,6 @@
 """Hydra entry point: one run of a hierarchy x strategy x dataset, or a `-m` sweep of them.
 
-    python -m experiments.run                        # the embedded default: -m strategy=greedy,pipespec
+    python -m experiments.run                        # the embedded default: -m strategy=greedy,auto
     python -m experiments.run models=smollm2_int8_fp32 strategy=sd dataset=news_lee_cnndm \\
         dataset.n_samples=10 max_new_tokens=64 strategy.lookahead=3
     python -m experiments.run -m strategy=greedy,sd,pipespec dataset=humaneval,news_lee_cnndm
@@ -22,7 +22,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-EMBEDDED_DEFAULT = ["-m", "strategy=greedy,pipespec"]
+EMBEDDED_DEFAULT = ["-m", "strategy=greedy,auto"]
 
 
 def plan(config: dict) -> None:

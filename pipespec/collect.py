@@ -76,7 +76,7 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             {
                 "run": str(run["dir"]),
                 "models": summary["models"],
-                "strategy": summary["strategy"] + _acceptance_label(summary),
+                "strategy": _auto_label(summary) + summary["strategy"] + _acceptance_label(summary),
                 "lookahead": summary.get("lookahead"),
                 "dataset": summary["dataset"] + (" (stand-in)" if summary.get("stand_in") else ""),
                 "n_samples": summary["n_samples"],
@@ -94,6 +94,13 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _auto_label(summary: dict) -> str:
+    """`auto` runs the configuration it chose: the row says so ("auto: pipespec", stages by position)."""
+    if not summary.get("auto"):
+        return ""
+    return f"auto (stages {summary['auto']['chosen']['stages']}): "
 
 
 def _acceptance_label(summary: dict) -> str:

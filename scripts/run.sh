@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh) and run the main job on the embedded default:
-# greedy and pipespec on SmolLM2 (prompt lookup -> int8 -> fp32), 5 HumanEval problems,
+# greedy against auto (the configuration a machine profile predicts fastest; the first run on a
+# machine measures and caches a short profile) on SmolLM2 (prompt lookup -> int8 -> fp32), 5 HumanEval problems,
 # one Hydra multirun into outputs/multirun/, then the table comparing them.
 set -euo pipefail
 cd "$(dirname "$0")/.."

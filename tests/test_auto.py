@@ -60,6 +60,10 @@ def test_runner_auto_measures_caches_and_records_the_choice(auto_run, profile_pa
     assert record["predicted_tokens_per_s"] == pytest.approx(best.predicted_tokens_per_s)
     assert len(record["runners_up"]) == autoconf.RUNNERS_UP
     assert summary["strategy"] == best.strategy  # the run ran the chosen configuration
+    from pipespec.collect import collect
+
+    (row,) = collect([out])
+    assert row["strategy"].startswith(f"auto (stages {list(best.stage_indices)}): {best.strategy}")
     assert len(summary["stage_names"]) == len(best.stage_indices)
 
 
@@ -138,3 +142,32 @@ def test_pipeline_auto_resolves_before_starting_and_matches_greedy(profile_path)
         assert tokens == reference.generate(prompt, 12).tokens
     with pytest.raises(ConfigError, match="only read by strategy='auto'"):
         Pipeline(specs, strategy="sd", profile=str(profile_path))
+
+
+def test_bench_runs_auto_beside_the_fixed_configurations(profile_path, cache, tmp_path):
+    """`auto` in the bench: the pipeline at the profile's choice, timed with the others, its choice recorded,
+    and the two targets (auto / best fixed, auto / greedy) checked."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PIPESPEC_CACHE": str(cache)}
+    command = [sys.executable, "-m", "experiments.bench", "models@k2=tiny_k2", "random_prompt_length=12", "samples=2",
+               "max_new_tokens=8", "repetitions=2", "warmup_tokens=4", "progress=false", "sd_windows=[2]",
+               "sd_draft_confidences=[0.0]", "systems=[greedy,sd,pipespec_k2,auto]", "auto.hierarchy=k2",
+               f"auto.profile={profile_path}", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["name"]: r for r in report["systems"]}
+    assert list(rows) == ["greedy", "sd", "pipespec_k2", "auto"]
+    assert rows["auto"]["identical_to_greedy"] == "4/4" and rows["auto"]["runs"] == 4
+    choice = autoconf.choose_from_profile(profile_path, _specs(profile_path))
+    assert report["auto"]["chosen"] == choice.record()["chosen"] == rows["auto"]["settings"]["chosen"]
+    assert report["auto"]["profile"] == str(profile_path)
+    assert len(rows["auto"]["stages"]) == len(choice.stages)
+    targets = {t["target"]: t for t in report["targets"]}
+    best = max(("greedy", "sd", "pipespec_k2"), key=lambda n: rows[n]["tokens_per_s_median"])
+    assert targets["auto_vs_best_fixed"]["value"] == pytest.approx(
+        rows["auto"]["tokens_per_s_median"] / rows[best]["tokens_per_s_median"])
+    assert best in targets["auto_vs_best_fixed"]["label"] and "auto_vs_greedy" in targets
+    assert "auto: " in (tmp_path / "bench.md").read_text()
+    bad = subprocess.run(command[:-1] + ["auto.hierarchy=k9", f"hydra.run.dir={tmp_path}/bad"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "auto.hierarchy must be k2 or k3" in bad.stderr.strip().splitlines()[-1]

@@ -22,6 +22,7 @@ TINY = [
     "warmup_tokens=4",
     "prepass_prompts=1",
     "progress=false",
+    "systems=[" + ",".join(SYSTEMS) + "]",  # auto has its own test (tests/test_auto.py)
     "models@k2=tiny_k2",
     "k3.name=tiny_pld_k3",
     'k3.stages=[{kind:prompt_lookup,ngram_size:3,max_proposal:8},{model:"tiny:draft_noise0.05"},{model:"tiny:target"}]',

@@ -10,7 +10,8 @@ from pipespec.errors import ConfigError
 from pipespec.schedule import check_options
 
 HF_SYSTEMS = ("hf_greedy", "hf_assisted", "hf_prompt_lookup")
-OUR_SYSTEMS = ("greedy", "sd", "pipespec_k2", "pipespec_k3")
+OUR_SYSTEMS = ("greedy", "sd", "pipespec_k2", "pipespec_k3", "auto")
+FIXED_SYSTEMS = ("greedy", "sd", "pipespec_k2", "pipespec_k3")  # what `auto` is compared with
 SYSTEMS = HF_SYSTEMS + OUR_SYSTEMS
 TARGET_KEYS = (
     "greedy_vs_hf_greedy",
@@ -20,6 +21,8 @@ TARGET_KEYS = (
     "pipespec_k3_vs_hf_greedy",
     "pipespec_target_busy",
     "pipespec_vs_ideal",
+    "auto_vs_best_fixed",
+    "auto_vs_greedy",
 )
 # the config groups bench.yaml composes: defaults-list key -> group
 GROUPS = {"models@k2": "models", "models@k3": "models", "strategy@pipespec": "strategy",
@@ -90,6 +93,12 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(window, bool) or not isinstance(window, int) or window < 1:
                 raise BenchConfigError(f"sd_windows must be integers >= 1, got {window!r}")
             _strategy(cfg, "sd", window, confidence)
+    if "auto" in systems:
+        auto = cfg.get("auto") or {}
+        if auto.get("hierarchy") not in ("k2", "k3"):
+            raise BenchConfigError(f"auto.hierarchy must be k2 or k3, got {auto.get('hierarchy')!r}")
+        if auto.get("profile") is not None and not isinstance(auto["profile"], str):
+            raise BenchConfigError(f"auto.profile must be a profile.json path or null, got {auto['profile']!r}")
     if cfg.get("prompt_family") not in (None, "chat", "base"):
         raise BenchConfigError(f"prompt_family must be chat, base or null, got {cfg.get('prompt_family')!r}")
     hf = dict(cfg.get("hf") or {})

@@ -14,6 +14,7 @@ from statistics import mean, median
 from typing import Any, Mapping, Sequence
 
 from analysis.fit import fit_step_cost
+from experiments.benchlib.config import FIXED_SYSTEMS
 from pipespec.runner import cpu_info
 from pipespec.stats import StageStats, pool
 
@@ -277,6 +278,7 @@ def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family) -> dict
         "sd_best_window": by_name["sd"].settings.get("window") if "sd" in by_name else None,
         "sd_best_draft_confidence": by_name["sd"].settings.get("draft_confidence") if "sd" in by_name else None,
         "hf_assisted_settings": by_name["hf_assisted"].settings if "hf_assisted" in by_name else None,
+        "auto": by_name["auto"].settings if "auto" in by_name else None,
         "systems": rows,
         "notes": notes,
     }
@@ -340,6 +342,15 @@ def check_targets(rows: list[dict], thresholds: Mapping[str, float]) -> list[dic
     for key, label, value, involved in specs:
         if key in thresholds:
             checks.append((key, label, value(), thresholds[key], involved))
+    fixed = [n for n in FIXED_SYSTEMS if n in by]
+    if "auto" in by and fixed:
+        best = max(fixed, key=lambda n: by[n]["tokens_per_s_median"])
+        if "auto_vs_best_fixed" in thresholds:
+            checks.append(("auto_vs_best_fixed", f"auto / best fixed configuration ({best})", ratio("auto", best),
+                           thresholds["auto_vs_best_fixed"], ["auto", best]))  # fmt: skip
+        if "auto_vs_greedy" in thresholds and "greedy" in by:
+            checks.append(("auto_vs_greedy", "auto / our greedy", ratio("auto", "greedy"), thresholds["auto_vs_greedy"],
+                           ["auto", "greedy"]))  # fmt: skip
     for name in ("pipespec_k2", "pipespec_k3"):
         if name in by:
             if "pipespec_target_busy" in thresholds:
@@ -362,6 +373,15 @@ def check_targets(rows: list[dict], thresholds: Mapping[str, float]) -> list[dic
     return out
 
 
+def auto_line(auto: Mapping[str, Any]) -> str:
+    """What `auto` chose, from what it predicted (before the timed runs)."""
+    chosen = auto["chosen"]
+    what = chosen["strategy"] + ("" if chosen["strategy"] == "greedy" else
+                                 f" lookahead {chosen['lookahead']} max_lead {chosen['max_lead']}")  # fmt: skip
+    return (f"auto: {what} on stages {chosen['stages']}, predicted {auto['predicted_tokens_per_s']:.1f} tok/s "
+            f"({auto['reason']}; profile {auto['profile']})")
+
+
 def format_markdown(report: Mapping[str, Any]) -> str:
     rows = report["systems"]
     lines = [
@@ -373,6 +393,7 @@ def format_markdown(report: Mapping[str, Any]) -> str:
            if report["hierarchies"]["k3"] else ""),
         f"sd window: {report['sd_best_window']} (draft_confidence {report.get('sd_best_draft_confidence', 0.0)}); "
         f"HF assisted: {report['hf_assisted_settings']}",
+        *([auto_line(report["auto"])] if report.get("auto") else []),
         _machine_line(report["machine"]),
         "",
         "| system | tok/s median | min-max | x HF greedy | x HF assisted | mean acceptance length "

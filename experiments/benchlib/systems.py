@@ -5,6 +5,9 @@
   its settings from the prompt-lookup stage of k3 (or k2)
 - `greedy`, `sd` (at the window the pre-pass chose), `pipespec_k2`: our pipeline of k2
 - `pipespec_k3`: our pipeline of k3
+- `auto`: our pipeline of `auto.hierarchy` (k3 by default) at the configuration its machine
+  profile predicts fastest (`pipespec.autoconf`; greedy and subsets of the stages included);
+  `auto.profile` null: the cached short profile of this machine, measured first if there is none
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class Setup:
 def resolve_setup(cfg: Mapping[str, Any]) -> Setup:
     wanted = cfg["systems"]
     k2 = resolve_hierarchy("k2", cfg["k2"])
-    k3 = resolve_hierarchy("k3", cfg["k3"]) if {"pipespec_k3", "hf_prompt_lookup"} & set(wanted) else None
+    uses_k3 = {"pipespec_k3", "hf_prompt_lookup"} & set(wanted) or ("auto" in wanted and cfg["auto"]["hierarchy"] == "k3")
+    k3 = resolve_hierarchy("k3", cfg["k3"]) if uses_k3 else None
     if k3 is not None and not same_target(k3.stages[-1], k2.stages[-1]):
         raise BenchConfigError(f"k2 and k3 must end in the same target: {k2.stages[-1].label} vs {k3.stages[-1].label}")
     if "hf_assisted" in wanted and k2.stages[0].kind != "hf":
@@ -89,6 +93,11 @@ class Systems:
                 self.pipes["k2"] = Pipeline(setup.k2.stages, **options)
             if "pipespec_k3" in self.wanted:
                 self.pipes["k3"] = Pipeline(setup.k3.stages, **options)
+            if "auto" in self.wanted:
+                auto = cfg["auto"]
+                hierarchy = setup.k3 if auto["hierarchy"] == "k3" else setup.k2
+                self.pipes["auto"] = Pipeline(hierarchy.stages, strategy="auto", profile=auto.get("profile"),
+                                              stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
             for pipe in self.pipes.values():
                 pipe.start()
             if set(HF_SYSTEMS) & set(self.wanted):
@@ -135,6 +144,13 @@ class Systems:
         label = (self.setup.k3 if key == "k3" else self.setup.k2).label
         return System(name, run, lambda: list(zip(pipe.names, pipe.pids)), settings, label, list(pipe.names))
 
+    def _auto(self) -> System:
+        """The pipeline runs the configuration auto chose (its defaults): generate with no options."""
+        pipe = self.pipes["auto"]
+        hierarchy = self.setup.k3 if self.cfg["auto"]["hierarchy"] == "k3" else self.setup.k2
+        return System("auto", lambda prompt, n: pipe.generate(prompt, n), lambda: list(zip(pipe.names, pipe.pids)),
+                      {"strategy": "auto", **pipe.auto.record()}, hierarchy.label, list(pipe.names))  # fmt: skip
+
     def build(self) -> list[System]:
         k2, k3, target = self.setup.k2, self.setup.k3, self.setup.target
         builders = {
@@ -146,6 +162,7 @@ class Systems:
             "sd": lambda: self._ours("sd", "k2", "sd"),
             "pipespec_k2": lambda: self._ours("pipespec_k2", "k2", "pipespec"),
             "pipespec_k3": lambda: self._ours("pipespec_k3", "k3", "pipespec"),
+            "auto": self._auto,
         }
         return [builders[name]() for name in self.wanted]
 
