@@ -97,7 +97,8 @@ def collect(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
 
 
 def _auto_label(summary: dict) -> str:
-    """`auto` runs the configuration it chose: the row says so ("auto: pipespec", stages by position)."""
+    """`auto` runs the configuration it chose: the row says so ("auto (stages [0, 2]): sd", positions in the
+    hierarchy)."""
     if not summary.get("auto"):
         return ""
     return f"auto (stages {summary['auto']['chosen']['stages']}): "
