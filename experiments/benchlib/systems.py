@@ -94,9 +94,9 @@ class Systems:
             if "pipespec_k3" in self.wanted:
                 self.pipes["k3"] = Pipeline(setup.k3.stages, **options)
             if "auto" in self.wanted:
-                auto = cfg["auto"]
-                hierarchy = setup.k3 if auto["hierarchy"] == "k3" else setup.k2
-                self.pipes["auto"] = Pipeline(hierarchy.stages, strategy="auto", profile=auto.get("profile"),
+                self.auto_hierarchy = setup.k3 if cfg["auto"]["hierarchy"] == "k3" else setup.k2
+                self.pipes["auto"] = Pipeline(self.auto_hierarchy.stages, strategy="auto",
+                                              profile=cfg["auto"].get("profile"),
                                               stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
             for pipe in self.pipes.values():
                 pipe.start()
@@ -147,9 +147,9 @@ class Systems:
     def _auto(self) -> System:
         """The pipeline runs the configuration auto chose (its defaults): generate with no options."""
         pipe = self.pipes["auto"]
-        hierarchy = self.setup.k3 if self.cfg["auto"]["hierarchy"] == "k3" else self.setup.k2
         return System("auto", lambda prompt, n: pipe.generate(prompt, n), lambda: list(zip(pipe.names, pipe.pids)),
-                      {"strategy": "auto", **pipe.auto.record()}, hierarchy.label, list(pipe.names))  # fmt: skip
+                      {"strategy": "auto", **pipe.auto.record()}, self.auto_hierarchy.label,
+                      list(pipe.names))  # fmt: skip
 
     def build(self) -> list[System]:
         k2, k3, target = self.setup.k2, self.setup.k3, self.setup.target
