@@ -101,7 +101,7 @@ def _inputs(profile: Profile, stages: Sequence[int]):
 
 def predict(profile: Profile, strategy: str = "pipespec", lookahead: int = 0, max_lead: int = DEFAULT_MAX_LEAD,
             tokens: int = 128, stages: Sequence[int] | None = None, draft_confidence: float = 0.0,
-            prompt_tokens: int | None = None) -> Prediction:
+            prompt_tokens: int | None = None, size_verification: bool = False) -> Prediction:
     """The predicted throughput of one configuration, prompt processing included (`prompt_tokens` per
     generation; None: the profile's mean prompt length); `stages`: a subset of the profile's (default all)."""
     if draft_confidence:
@@ -131,13 +131,14 @@ def predict(profile: Profile, strategy: str = "pipespec", lookahead: int = 0, ma
     for seed in range(SEEDS):
         if strategy == "sd":
             result = sim.simulate_sync_sd(costs, acceptances, lookahead, tokens, seed=seed, supply=supply,
-                                          end_at_budget=True)  # fmt: skip
+                                          end_at_budget=True, size_verification=size_verification)  # fmt: skip
             hops = 2 * (len(costs) - 1) * result.target_steps  # drafts down the chain, the commit back up
             runs.append((result, result.total_time + hops * profile.handoff_s + sum(prefill)))
         else:
             result = sim.simulate_pipespec(
                 costs, acceptances, tokens, lookahead=lookahead, max_lead=max(max_lead, lookahead), seed=seed,
                 rollback_delay=profile.handoff_s, contention=contention, supply=supply, end_at_budget=True,
+                size_verification=size_verification,
             )  # fmt: skip
             runs.append((result, result.total_time + max(prefill)))
     seconds = statistics.mean(t for _, t in runs)
@@ -197,7 +198,15 @@ def _finite_mean(values: Sequence[float]) -> float | None:
     return statistics.mean(finite) if finite else None
 
 
-OPTIONS = {"strategy": str, "lookahead": int, "max_lead": int, "tokens": int, "draft_confidence": float}
+def _flag(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ValueError(value)
+    return value.lower() == "true"
+
+
+_flag.__name__ = "true or false"
+OPTIONS = {"strategy": str, "lookahead": int, "max_lead": int, "tokens": int, "draft_confidence": float,
+           "size_verification": _flag}  # fmt: skip
 
 
 def parse_options(items: Sequence[str]) -> dict:

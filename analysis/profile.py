@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from analysis.fit import CostFit, fit_step_cost
 
 FORMAT = "pipespec-profile"
-VERSION = 1
+VERSION = 2  # acceptance sampled along the decoding walk (`pipespec.profiling`); 1: at fixed strides
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
 IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads")  # the same stage when these match
 
@@ -130,7 +130,10 @@ def parse_profile(data: Any, path: str = "<profile>") -> Profile:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(f"{path} is not a pipespec profile (no \"format\": \"{FORMAT}\")")
     if data.get("version") != VERSION:
-        raise ProfileError(f"{path} is profile version {data.get('version')!r}; this reader knows version {VERSION}")
+        stale = " (version 1 sampled acceptance at fixed strides, which over-estimates it; measure it again: " \
+                "python -m experiments.profile)" if data.get("version") == 1 else ""
+        raise ProfileError(f"{path} is profile version {data.get('version')!r}; this reader knows version "
+                           f"{VERSION}{stale}")  # fmt: skip
     stages = data.get("stages")
     pairs = data.get("pairs")
     if not isinstance(stages, list) or len(stages) < 1 or not isinstance(pairs, list):

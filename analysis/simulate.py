@@ -52,9 +52,10 @@ Strategies
 Optional, for machines where stages share CPU cores and drafters that may
 have nothing to propose (``analysis.wallclock`` uses both): ``contention``
 slows a stage's step while others compute (processor sharing), and
-``supply`` lets a drafter (prompt lookup) find no proposal when a commit
-reaches it, so its verifier takes a one-token step (in sd: the round has no
-window). Acceptance specs may also be subclasses of ``Bernoulli`` with their
+``supply`` marks the first stage as model-free (prompt lookup, suffix): like
+the engine's PROPOSE it puts a whole run of drafts (up to its lead limit) in
+one step, and it may find no proposal when a commit reaches it, so its
+verifier takes a one-token step (in sd: the round has no window). Acceptance specs may also be subclasses of ``Bernoulli`` with their
 own sampler (e.g. acceptance in runs).
 
 What the simulator does not model: EOS, prefill, variable step times beyond
@@ -74,7 +75,9 @@ import numpy as np
 
 from analysis.import_official import estimate_alpha
 from pipespec.protocol import Role
-from pipespec.schedule import DEFAULT_MAX_LEAD, FINISH, IDLE, STEP, Action, StageView, next_action, roles
+from pipespec.schedule import (
+    DEFAULT_MAX_LEAD, FINISH, IDLE, PROPOSE, STEP, Action, StageView, next_action, roles, step_cost,
+)  # fmt: skip
 
 __all__ = [
     "StageCost",
@@ -242,12 +245,7 @@ class TableCost:
             raise ValueError(f"a cost table needs positive finite step times, got {self.seconds!r}")
 
     def __call__(self, n_tokens: int) -> float:
-        n = max(int(round(n_tokens)), 1)
-        table = self.seconds
-        if n <= len(table):
-            return table[n - 1]
-        slope = max((table[-1] - table[0]) / (len(table) - 1), 0.0) if len(table) > 1 else 0.0
-        return table[-1] + slope * (n - len(table))
+        return step_cost(self.seconds, max(int(round(n_tokens)), 1))
 
 
 def _as_cost(spec: StageCost | TableCost | float | tuple[float, float]) -> StageCost | TableCost:
@@ -412,6 +410,7 @@ class _Stage:
         self.step_end = 0.0
         self.step_epoch = 0
         self.step_drafts: list[int] = []
+        self.step_proposal = 1  # tokens the first stage's step appends (a model-free proposal: several)
         self.kinds: list[int] = []  # drafts offered per applied step of a verifier (0: a single step)
 
 
@@ -447,6 +446,9 @@ def stage_view(
     drafts: int,
     upstream_more: bool,
     budget: int,
+    model_free: bool = False,
+    step_costs: tuple[float, ...] = (),
+    acceptance: tuple[float, ...] = (),
 ) -> StageView:
     """What a simulated stage knows, in the engine's terms (``pipespec.stage.StageRequest.view``):
     its buffer length, the length of the next stage's last commit it has received, the usable drafts
@@ -459,6 +461,9 @@ def stage_view(
         finished=role.is_target and generated >= budget,
         drafts=drafts,
         upstream_more=role.has_upstream and upstream_more,
+        model_free=model_free,
+        step_costs=step_costs,
+        acceptance=acceptance,
     )
 
 
@@ -497,6 +502,7 @@ def simulate_sync_sd(
     seed: int = 0,
     supply: Sequence[float | None] | None = None,
     end_at_budget: bool = False,
+    size_verification: bool = False,
 ) -> SimResult:
     """Synchronous (tiered) chain speculative decoding: the engine's ``sd`` roles with window ``gamma``.
 
@@ -514,7 +520,7 @@ def simulate_sync_sd(
     gamma = _check_int(gamma, "gamma", 0)
     return _simulate_schedule(
         "sd", costs, acceptances, max_new_tokens, lookahead=gamma, max_lead=max(gamma, 1), seed=seed,
-        supply=supply, end_at_budget=end_at_budget,
+        supply=supply, end_at_budget=end_at_budget, size_verification=size_verification,
     )  # fmt: skip
 
 
@@ -530,6 +536,7 @@ def simulate_pipespec(
     contention: Sequence[float | None] | None = None,
     supply: Sequence[float | None] | None = None,
     end_at_budget: bool = False,
+    size_verification: bool = False,
 ) -> SimResult:
     """Asynchronous k-stage PipeSpec pipeline: the engine's ``pipespec`` roles.
 
@@ -550,7 +557,8 @@ def simulate_pipespec(
     anything to propose when a commit reaches it back at its successor's output
     (prompt lookup finds no match otherwise); a drafter without a proposal
     idles until the next commit reaches it, and a verifier does not wait for
-    it. None entries (default): always.
+    it. A first stage with a supply is model-free: one step proposes its whole
+    run of drafts (the engine's PROPOSE). None entries (default): always, one draft a step.
     ``end_at_budget``: False (default) measures the first ``max_new_tokens`` tokens of an endless
     generation (steady state; the last step may overshoot). True stops like the engine at a budget of
     ``max_new_tokens``: verifiers take at most room - 1 drafts, drafters stop one token short of it.
@@ -562,8 +570,26 @@ def simulate_pipespec(
     return _simulate_schedule(
         "pipespec", costs, acceptances, max_new_tokens, lookahead=lookahead, max_lead=max_lead,
         verify_window=verify_window, rollback_delay=rollback_delay, seed=seed, contention=contention,
-        supply=supply, end_at_budget=end_at_budget,
+        supply=supply, end_at_budget=end_at_budget, size_verification=size_verification,
     )  # fmt: skip
+
+
+SIZING_TABLE = 33  # t(n) entries a sizing verifier is given (n = 1..33: up to 32 drafts)
+
+
+def _cost_table(cost) -> list[float]:
+    if isinstance(cost, RecordedSteps):  # a replayed trace has no t(n): its median step for every n
+        median = float(np.median(cost.durations))
+        return [median] * SIZING_TABLE
+    return [cost(n) for n in range(1, SIZING_TABLE + 1)]
+
+
+def _rates(spec) -> tuple[float, ...]:
+    if isinstance(spec, ByPosition):
+        return spec.rates
+    if isinstance(spec, Bernoulli):
+        return (spec.alpha,)
+    return (estimate_alpha(spec.counts) if spec.agree_prob is None else spec.agree_prob,)  # Replay
 
 
 def _simulate_schedule(
@@ -579,6 +605,7 @@ def _simulate_schedule(
     contention: Sequence[float | None] | None = None,
     supply: Sequence[float | None] | None = None,
     end_at_budget: bool = False,
+    size_verification: bool = False,
 ) -> SimResult:
     """Every stage runs the engine's loop: after each event, each idle stage asks
     ``pipespec.schedule.next_action`` (its role from ``pipespec.schedule.roles``) what to do next.
@@ -603,7 +630,12 @@ def _simulate_schedule(
         if len(contention) != len(costs) or not all(c is None or (math.isfinite(c) and c >= 0) for c in contention):
             raise ValueError(f"contention needs one value >= 0 or None per stage ({len(costs)}), got {contention!r}")
     supply = _check_supply(supply, len(costs))
-    stage_roles = roles(strategy, len(costs), lookahead, max_lead)
+    stage_roles = roles(strategy, len(costs), lookahead, max_lead, size_verification=size_verification)
+    # what a sizing verifier knows: its t(n) and its drafter's acceptance by position (here, the true ones)
+    sizing = [((), ())] + [
+        (tuple(_cost_table(costs[i])), _rates(acceptances[i - 1])) if size_verification else ((), ())
+        for i in range(1, len(costs))
+    ]
     budget = max_new_tokens if end_at_budget else UNBOUNDED
     step_time = _step_clock(costs)
     in_flight = [0] * len(costs)  # commits on their way to each stage (rollback_delay > 0)
@@ -648,7 +680,9 @@ def _simulate_schedule(
         if dry[i]:
             return Action(IDLE)  # prompt lookup without a proposal
         more = i > 0 and producing(i - 1)
-        view = stage_view(stage_roles[i], len(stages[i].buffer), committed_below[i], n_drafts, more, budget)
+        view = stage_view(stage_roles[i], len(stages[i].buffer), committed_below[i], n_drafts, more, budget,
+                          model_free=i == 0 and supply[0] is not None, step_costs=sizing[i][0],
+                          acceptance=sizing[i][1])  # fmt: skip
         return next_action(stage_roles[i], view)
 
     def send_upstream(i: int, token: int, now: float) -> None:
@@ -682,9 +716,10 @@ def _simulate_schedule(
             return
         drafts = drafts_of(i)
         action = decide(i, len(drafts))
-        if action.kind != STEP:
+        if action.kind not in (STEP, PROPOSE):
             return
         drafts = drafts[: action.n]
+        stage.step_proposal = action.n if action.kind == PROPOSE else 1
         stage.busy = True
         stage.step_start = now
         stage.step_end = now + step_time(i, len(stage.buffer) - stage.cached + len(drafts))
@@ -732,9 +767,10 @@ def _simulate_schedule(
         if stage.step_epoch != stage.epoch:
             stage.discarded += 1  # a rollback arrived while computing: the result is stale
             return False
-        if i == 0:
+        if i == 0:  # a model drafts one token a step; a model-free drafter proposes a run of them at once
             stage.cached = len(stage.buffer)
-            stage.buffer.append(tokens.new(stage.buffer))
+            for _ in range(stage.step_proposal):
+                stage.buffer.append(tokens.new(stage.buffer))
             return False
         drafts = stage.step_drafts
         sampler = samplers[i - 1]

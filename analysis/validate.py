@@ -97,7 +97,8 @@ def validate_run(profile: Profile, run: Run) -> Validation:
     prompt = round(statistics.mean(int(r.get("prompt_tokens") or 0) for r in run.samples)) if run.samples else 0
     max_lead = run.max_lead if run.max_lead is not None else 8
     prediction = predict(profile, run.strategy, run.lookahead, max_lead, tokens,
-                         stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt)  # fmt: skip
+                         stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt,
+                         size_verification=bool(run.summary.get("size_verification", False)))  # fmt: skip
     measured = run.tokens_per_s
     return Validation(
         run=str(run.path), strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,

@@ -2,6 +2,8 @@
 
     python -m experiments.profile models=smollm2_int8_fp32 dataset=humaneval dataset.n_samples=10
     python -m experiments.profile models=tiny_k2 profile.max_fed=8 hydra.run.dir=/tmp/p
+    python -m experiments.profile models=smollm2_int8_fp32 dataset=news_lee costs_from=OTHER/profile.json
+        # acceptance on news_lee, step costs, prefill and handoff reused from OTHER (same machine and stages)
 
 The measurement is `pipespec.profiling`; `python -m analysis.predict RUN_DIR/profile.json` reads it.
 """
@@ -37,6 +39,24 @@ def profile_prompts(config: dict, tokenizer, context_length) -> tuple[str, list[
     return dataset.name, prompts
 
 
+def read_costs_from(path: str | None) -> dict | None:
+    """The JSON of the profile named by `costs_from` (with its "path"), or None; a `ConfigError` if unreadable."""
+    from pipespec.errors import ConfigError
+
+    if path is None:
+        return None
+    file = Path(path)
+    if file.is_dir():
+        file = file / PROFILE_FILE
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"costs_from: cannot read a profile from {file}: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"costs_from: {file} is not a pipespec profile")
+    return {**data, "path": str(file)}
+
+
 def write_profile(config: dict, run_dir: str | Path) -> Path:
     from pipespec.hierarchies import resolve_stages
     from pipespec.models import check_shared_vocabulary, context_length
@@ -47,7 +67,9 @@ def write_profile(config: dict, run_dir: str | Path) -> Path:
     tokenizer = check_shared_vocabulary(specs)
     dataset, prompts = profile_prompts(config, tokenizer, context_length(specs[-1].model))
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    profile = measure_profile(specs, config["models"]["name"], prompts, options, dataset=dataset, log=log)
+    costs_from = read_costs_from(config.get("costs_from"))
+    profile = measure_profile(specs, config["models"]["name"], prompts, options, dataset=dataset, log=log,
+                              costs_from=costs_from)  # fmt: skip
     path = Path(run_dir) / PROFILE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile, indent=1))

@@ -58,7 +58,7 @@ from pipespec.models import (
     eos_token_ids,
 )
 from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
-from pipespec.schedule import DEFAULT_MAX_LEAD, check_options, roles
+from pipespec.schedule import DEFAULT_MAX_LEAD, check_flag, check_options, roles
 from pipespec.trace import StageTrace, format_summary, summarize
 from pipespec.verify import check_acceptance, check_sampling
 
@@ -146,6 +146,7 @@ class Pipeline:
         max_lead: int = DEFAULT_MAX_LEAD,
         *,
         draft_confidence: float = 0.0,
+        size_verification: bool = False,
         start_timeout_s: float = 600.0,
         stall_timeout_s: float = 30.0,
         launch: str | None = None,
@@ -181,6 +182,7 @@ class Pipeline:
         check_options(strategy, len(self.specs), lookahead, max_lead, draft_confidence)
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
         self.draft_confidence = draft_confidence
+        self.size_verification = check_flag("size_verification", size_verification)
         sampling = check_sampling(temperature, top_k, top_p, 0 if seed is None else seed)
         check_acceptance(acceptance, synthetic_rates, len(self.specs), sampling)
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
@@ -459,7 +461,8 @@ class Pipeline:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **options) -> GenerationResult:
         """Generate up to `max_new_tokens` after `prompt`; `options` (strategy, lookahead, max_lead,
-        draft_confidence, timeout_s, sampling, acceptance) left None take the pipeline's defaults.
+        draft_confidence, size_verification, timeout_s, sampling, acceptance) left None take the
+        pipeline's defaults.
 
         Safe from several threads: calls are served one at a time, each exactly as if it were alone
         (`timeout_s` also bounds the wait for its turn). `submit` queues calls instead."""
@@ -487,6 +490,7 @@ class Pipeline:
         lookahead: int | None = None,
         max_lead: int | None = None,
         draft_confidence: float | None = None,
+        size_verification: bool | None = None,
         timeout_s: float | None = None,
         faults=None,
         temperature: float | None = None,
@@ -507,7 +511,8 @@ class Pipeline:
         lookahead = pick(lookahead, self.lookahead)
         max_lead = pick(max_lead, self.max_lead)
         stage_roles = roles(
-            strategy, len(self.specs), lookahead, max_lead, pick(draft_confidence, self.draft_confidence)
+            strategy, len(self.specs), lookahead, max_lead, pick(draft_confidence, self.draft_confidence),
+            check_flag("size_verification", pick(size_verification, self.size_verification)),
         )
         seed = pick(seed, self.seed)
         sampling = check_sampling(

@@ -95,9 +95,9 @@ def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
 
 
 def _machine_key(specs: Sequence[StageSpec]) -> str:
-    from analysis.profile import this_machine
+    from analysis.profile import VERSION, this_machine
 
-    facts = {"machine": this_machine(), "stages": [stage_identity(s) for s in specs]}
+    facts = {"machine": this_machine(), "stages": [stage_identity(s) for s in specs], "version": VERSION}
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -5,17 +5,23 @@
   process (contention measured, not assumed), and the prefill cost per prompt token;
 - per drafter/verifier pair (adjacent pairs in `pairs`; every drafter with every later verifier
   in `skip_pairs`, for hierarchies that leave a stage out), acceptance by draft position: the
-  drafter drafts `draft_k` tokens greedily from points along the verifier's own greedy
-  continuation of each prompt; position p's rate is the share of drafts accepted there
-  among those whose earlier positions were all accepted. For a model-free drafter
-  (prompt lookup, suffix), how often it has a proposal and how long it is;
+  drafter drafts `draft_k` tokens greedily along the verifier's own greedy continuation of each
+  prompt, from the points where decoding would draft again: the next draft starts after the
+  accepted prefix and the verifier's own token (a walk, as speculative decoding advances).
+  Position p's rate is the share of drafts accepted there among those whose earlier positions
+  were all accepted. Starting at fixed strides instead (profile version 1) over-estimates it: the
+  token after a rejection is where a drafter, prompt lookup above all, is weakest. For a
+  model-free drafter (prompt lookup, suffix), how often it has a proposal at those points and
+  how long it is;
 - the handoff latency of one message between stages, from a short real pipeline run's traces
   (`analysis.fit`'s estimate);
 - the machine (CPU, vector extensions, threads per stage, library versions) and the sample ids used.
 
 `analysis.profile` reads the file without torch. Wall time: the models' loading plus about
-(2 * max_fed * (repeats + 1) steps per model stage) + (prompts * continuation / stride * draft_k
-drafter steps per pair).
+(2 * max_fed * (repeats + 1) steps per model stage) + (prompts * continuation / mean acceptance
+length * draft_k drafter steps per pair). `costs_from` reuses another profile's step costs, prefill
+and handoff (same machine and stages) and measures only acceptance: acceptance depends on the
+prompts, costs on the machine.
 """
 
 from __future__ import annotations
@@ -32,8 +38,7 @@ from typing import Sequence
 from pipespec.errors import ConfigError
 from pipespec.models import StageSpec
 
-FORMAT = "pipespec-profile"
-VERSION = 1
+from analysis.profile import FORMAT, VERSION  # noqa: E402  (the reader and the writer share them)
 BACKGROUND_START_S = 300.0  # a background stage must have loaded its model and started within this
 
 
@@ -42,7 +47,6 @@ class ProfileOptions:
     max_fed: int = 32  # t(n) for n = 1..max_fed
     repeats: int = 3  # timed repetitions per n (after one untimed)
     continuation: int = 64  # tokens of each verifier's greedy continuation drafts are checked against
-    stride: int = 4  # a draft starts every `stride` tokens of the continuation
     draft_k: int = 8  # tokens drafted from each start (acceptance positions 1..draft_k)
     handoff_tokens: int = 16  # tokens of the short pipeline run that measures the handoff (0: skip)
 
@@ -54,7 +58,7 @@ class ProfileOptions:
 
 
 # the short profile `auto` measures when it has none (pipespec.autoconf): a minute at most for SmolLM2
-SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=2, continuation=24, stride=4, draft_k=6, handoff_tokens=8)
+SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=2, continuation=24, draft_k=6, handoff_tokens=8)
 SHORT_PROMPTS = 2
 
 
@@ -89,20 +93,22 @@ def _runner(spec: StageSpec):
 
 
 def step_costs(runner, context: Sequence[int], max_fed: int, repeats: int) -> list[float]:
-    """Median seconds of a forward pass feeding n = 1..max_fed tokens after `context` (warm cache)."""
+    """Median seconds of a forward pass feeding n = 1..max_fed tokens after `context` (warm cache).
+
+    Each repetition sweeps n = 1..max_fed once (after one untimed sweep), so a slow spell of the
+    machine spreads over every n instead of bending the curve at the n it hit."""
     runner.start()
     runner.forward(list(context), [])  # the prompt in the cache, its last token fed again below
     filler = [int(context[-1])] * max_fed
-    costs = []
-    for n in range(1, max_fed + 1):
-        times = []
-        for _ in range(repeats + 1):  # the first is a warm-up
+    times: list[list[float]] = [[] for _ in range(max_fed)]
+    for sweep in range(repeats + 1):  # the first is a warm-up
+        for n in range(1, max_fed + 1):
             runner.truncate(len(context) - 1)
             started = time.perf_counter()
             runner.forward(list(context), filler[: n - 1])
-            times.append(time.perf_counter() - started)
-        costs.append(statistics.median(times[1:]))
-    return costs
+            if sweep:
+                times[n - 1].append(time.perf_counter() - started)
+    return [statistics.median(t) for t in times]
 
 
 def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:
@@ -203,22 +209,29 @@ class ModelDrafter:
 
 def acceptance_by_position(drafter, prompts, continuations, options: ProfileOptions) -> dict:
     """`drafter(sequence, k) -> drafts`; per position: drafts offered there (all earlier ones accepted)
-    and accepted. Also how often the drafter proposed anything and the mean proposal length."""
+    and accepted. Also how often the drafter proposed anything and the mean proposal length.
+
+    Drafts start where decoding would draft again: after the accepted prefix and the verifier's own
+    token (the correction, or the bonus token), or one token on when the drafter had nothing."""
     offered = [0] * options.draft_k
     accepted = [0] * options.draft_k
     proposals = lengths = starts = 0
     for prompt, continuation in zip(prompts, continuations):
-        for start in range(0, len(continuation) - 1, options.stride):
+        start = 0
+        while start < len(continuation) - 1:
             truth = continuation[start:]
             drafts = drafter(list(prompt) + continuation[:start], min(options.draft_k, len(truth)))
             starts += 1
             proposals += bool(drafts)
             lengths += len(drafts)
+            run = 0
             for p, token in enumerate(drafts):
                 offered[p] += 1
                 if token != truth[p]:
                     break
                 accepted[p] += 1
+                run += 1
+            start += run + 1
     rates = [a / o if o else None for a, o in zip(accepted, offered)]
     return {
         "acceptance_by_position": rates, "offered_by_position": offered, "accepted_by_position": accepted,
@@ -244,6 +257,34 @@ def handoff_s(specs: Sequence[StageSpec], prompt: Sequence[int], tokens: int) ->
 # ---- the whole profile --------------------------------------------------------------------------------
 
 
+COST_KEYS = ("step_s_alone", "step_s_loaded", "prefill_s_per_token")  # what `costs_from` reuses per stage
+
+
+def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tuple[list[dict], float | None]:
+    """Per stage, the cost fields of `costs_from` (a profile's JSON) and its handoff; a `ConfigError`
+    unless it was measured on this machine with these libraries, for the same stages."""
+    from analysis.profile import IDENTITY_KEYS
+
+    where = costs_from.get("path", "costs_from")
+    if costs_from.get("format") != FORMAT or not isinstance(costs_from.get("stages"), list):
+        raise ConfigError(f"{where} is not a pipespec profile")
+    theirs = costs_from["machine"] if isinstance(costs_from.get("machine"), dict) else {}
+    for key in ("cpu", "libraries"):
+        if theirs.get(key) != machine.get(key):
+            raise ConfigError(f"costs_from {where} was measured with another {key}: {theirs.get(key)!r}, "
+                              f"here {machine.get(key)!r}; measure the costs again")  # fmt: skip
+    stages = costs_from["stages"]
+    if len(stages) != len(entries):
+        raise ConfigError(f"costs_from {where} has {len(stages)} stages, this hierarchy {len(entries)}")
+    reused = []
+    for i, (old, new) in enumerate(zip(stages, entries)):
+        differ = [k for k in IDENTITY_KEYS if old.get(k) != new.get(k)]
+        if differ:
+            raise ConfigError(f"costs_from {where}: stage {i} differs in {', '.join(differ)}")
+        reused.append({k: old[k] for k in COST_KEYS if k in old})
+    return reused, costs_from.get("handoff_s")
+
+
 def measure_profile(
     specs: Sequence[StageSpec],
     hierarchy: str,
@@ -251,8 +292,11 @@ def measure_profile(
     options: ProfileOptions = ProfileOptions(),
     dataset: str | None = None,
     log=print,
+    costs_from: dict | None = None,
 ) -> dict:
-    """The profile (a JSON-ready dict) of `specs`, smallest first, on `prompts` = [(sample id, ids)]."""
+    """The profile (a JSON-ready dict) of `specs`, smallest first, on `prompts` = [(sample id, ids)].
+    `costs_from`: another profile's JSON (with its "path"), whose step costs, prefill and handoff are
+    reused (`reused_costs`); only acceptance is measured then."""
     from pipespec.drafters import build_drafter
 
     if not prompts:
@@ -260,26 +304,30 @@ def measure_profile(
     started = time.perf_counter()
     ids = [list(map(int, p)) for _, p in prompts]
     context = ids[0]
+    machine = machine_facts(specs)
     drafters = [build_drafter(spec) for spec in specs]  # None for a model stage
     model_stages = [i for i, d in enumerate(drafters) if d is None]
+    stages = [{"name": spec.label, "kind": spec.kind, "model": spec.model, "quantize": spec.quantize,
+               "dtype": spec.dtype, "threads": spec.threads} for spec in specs]  # fmt: skip
+    reused, handoff = reused_costs(costs_from, stages, machine) if costs_from is not None else (None, None)
     runners = {i: _runner(specs[i]) for i in model_stages}
-    stages = []
-    for i, spec in enumerate(specs):
-        entry = {"name": spec.label, "kind": spec.kind, "model": spec.model,
-                 "quantize": spec.quantize, "dtype": spec.dtype, "threads": spec.threads}  # fmt: skip
-        if i in runners:
-            log(f"profile: {entry['name']}: t(n) alone")
-            entry["step_s_alone"] = step_costs(runners[i], context, options.max_fed, options.repeats)
-            entry["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
-            others = [specs[j] for j in model_stages if j != i]
-            if others:
-                log(f"profile: {entry['name']}: t(n) while {len(others)} other stage(s) run")
-                with Background(others, context) as background:
-                    entry["step_s_loaded"] = step_costs(runners[i], context, options.max_fed, options.repeats)
-                    background.check()
-            else:
-                entry["step_s_loaded"] = list(entry["step_s_alone"])
-        stages.append(entry)
+    for i, entry in enumerate(stages):
+        if i not in runners:
+            continue
+        if reused is not None:
+            entry.update(reused[i])
+            continue
+        log(f"profile: {entry['name']}: t(n) alone")
+        entry["step_s_alone"] = step_costs(runners[i], context, options.max_fed, options.repeats)
+        entry["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
+        others = [specs[j] for j in model_stages if j != i]
+        if others:
+            log(f"profile: {entry['name']}: t(n) while {len(others)} other stage(s) run")
+            with Background(others, context) as background:
+                entry["step_s_loaded"] = step_costs(runners[i], context, options.max_fed, options.repeats)
+                background.check()
+        else:
+            entry["step_s_loaded"] = list(entry["step_s_alone"])
     pairs, skip_pairs = [], []
     for v in range(1, len(specs)):
         if v not in runners:
@@ -293,19 +341,19 @@ def measure_profile(
                     "verifier_index": v, **acceptance_by_position(draft, ids, continuation, options)}  # fmt: skip
             (pairs if d == v - 1 else skip_pairs).append(pair)
     del runners
-    handoff = None
-    if options.handoff_tokens and len(specs) >= 2:
+    if reused is None and options.handoff_tokens and len(specs) >= 2:
         log("profile: handoff latency (a short sd run)")
         handoff = handoff_s(specs, context, options.handoff_tokens)
     return {
         "format": FORMAT,
         "version": VERSION,
         "hierarchy": {"name": hierarchy, "stages": [s["name"] for s in stages]},
-        "machine": machine_facts(specs),
+        "machine": machine,
         "dataset": dataset,
         "sample_ids": [sample_id for sample_id, _ in prompts],
         "prompt_tokens": [len(p) for p in ids],
         "options": asdict(options),
+        "costs_from": None if costs_from is None else costs_from.get("path"),
         "stages": stages,
         "pairs": pairs,
         "skip_pairs": skip_pairs,

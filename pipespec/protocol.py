@@ -35,6 +35,7 @@ class Role:
     max_lead: int = 0  # stop producing this many tokens ahead of the next stage's last commit
     commits_own_steps: bool = False  # tell the previous stage after each own step (else only forward commits)
     stop_below: float = 0.0  # stop drafting once the lead's own probability falls below this (0 = off)
+    size_verification: bool = False  # a verifier checks only as many drafts as pay for their step cost
 
 
 @dataclass

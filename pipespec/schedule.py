@@ -52,23 +52,33 @@ def check_options(strategy: str, n_stages: int, lookahead: int, max_lead: int, d
         raise ConfigError(f"draft_confidence must be a number with 0 <= draft_confidence < 1 (0 = off), got {confidence!r}")
 
 
-def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0) -> list[Role]:
-    """One Role per stage, smallest first, target last."""
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0,
+          size_verification: bool = False) -> list[Role]:  # fmt: skip
+    """One Role per stage, smallest first, target last. `size_verification`: every verifier checks
+    only as many of the offered drafts as pay for their step cost (`verify_size`)."""
     check_options(strategy, n_stages, lookahead, max_lead, draft_confidence)
     stop = float(draft_confidence)
+    sized = check_flag("size_verification", size_verification)
     last = n_stages - 1
     if strategy == "greedy":
         return [Role()] * last + [Role(active=True, is_target=True, commits_own_steps=True)]
     if strategy == "sd":
         first = Role(active=True, max_lead=lookahead, stop_below=stop)
-        middle = Role(active=True, has_upstream=True, max_lead=1)
-        target = Role(active=True, has_upstream=True, is_target=True, commits_own_steps=True)
+        middle = Role(active=True, has_upstream=True, max_lead=1, size_verification=sized)
+        target = Role(active=True, has_upstream=True, is_target=True, commits_own_steps=True, size_verification=sized)
     else:
         lead = max(max_lead, lookahead)  # a verifier waiting for `lookahead` drafts must be able to get them
         first = Role(active=True, max_lead=lead, stop_below=stop)
         middle = Role(active=True, has_upstream=True, min_lead=lookahead, max_lead=lead, commits_own_steps=True,
-                      stop_below=stop)  # fmt: skip
-        target = Role(active=True, has_upstream=True, is_target=True, min_lead=lookahead, commits_own_steps=True)
+                      stop_below=stop, size_verification=sized)  # fmt: skip
+        target = Role(active=True, has_upstream=True, is_target=True, min_lead=lookahead, commits_own_steps=True,
+                      size_verification=sized)  # fmt: skip
     return [first] + [middle] * (n_stages - 2) + [target]
 
 
@@ -89,6 +99,8 @@ class StageView:
     upstream_more: bool = False  # the previous stage will produce more without hearing back
     lead_confidence: float = 1.0  # its own probability that its whole lead survives
     model_free: bool = False  # proposes without a model (prompt lookup, suffix)
+    step_costs: tuple[float, ...] = ()  # a verifier sizing its verifications: t(n), n = 1.. tokens fed
+    acceptance: tuple[float, ...] = ()  # ... and its drafter's acceptance by draft position
 
     @property
     def room(self) -> int:
@@ -122,4 +134,85 @@ def next_action(role: Role, view: StageView) -> Action:
         return Action(PROPOSE, min(view.room - 1, role.max_lead - view.lead))
     if role.has_upstream and view.upstream_more and view.drafts < drafts_wanted(role, view.room):
         return Action(WAIT)
+    if role.size_verification and view.drafts and view.step_costs and view.acceptance:
+        return Action(STEP, verify_size(view.drafts, view.acceptance, view.step_costs))
     return Action(STEP, view.drafts)
+
+
+def expected_tokens(n: int, acceptance) -> float:
+    """Tokens one verification of n drafts yields on average: the accepted prefix plus the own token.
+    `acceptance[p]`: P(draft p + 1 accepted | the drafts before it were); beyond the list, its last rate."""
+    tokens, survive = 1.0, 1.0
+    for p in range(n):
+        survive *= acceptance[min(p, len(acceptance) - 1)]
+        tokens += survive
+    return tokens
+
+
+def step_cost(costs, fed: int) -> float:
+    """t(fed) from a measured table of t(1), t(2), ...; beyond it, its last entry plus its mean slope."""
+    if fed <= len(costs):
+        return costs[fed - 1]
+    slope = max((costs[-1] - costs[0]) / (len(costs) - 1), 0.0) if len(costs) > 1 else 0.0
+    return costs[-1] + slope * (fed - len(costs))
+
+
+def verify_size(drafts: int, acceptance, costs, uncached: int = 1) -> int:
+    """How many of the `drafts` offered to verify in one pass (0: a one-token step): the most expected
+    tokens per second of the verifier's own step cost t(uncached + n). Where t(n) is not smooth (CPU
+    kernels change with the row count) a verifier skips sizes that cost more than they can return.
+    Ties go to the larger size; verifying any prefix of the drafts is lossless."""
+    best, best_rate = drafts, -1.0
+    for n in range(drafts, -1, -1):
+        rate = expected_tokens(n, acceptance) / step_cost(costs, uncached + n)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = n, rate
+    return best
+
+
+class VerifyHistory:
+    """What a sizing verifier has seen, kept by its stage across requests: its step time per number of
+    tokens fed (median of the last `window` steps of each size) and its drafter's acceptance by draft
+    position (with one accepted and one rejected draft as a prior at each position)."""
+
+    def __init__(self, max_fed: int = 33, window: int = 9):
+        self.max_fed = max_fed
+        self.window = window
+        self.times: list[list[float]] = [[] for _ in range(max_fed)]
+        self.offered = [0] * (max_fed - 1)
+        self.accepted = [0] * (max_fed - 1)
+
+    def record_step(self, fed: int, seconds: float) -> None:
+        if 1 <= fed <= self.max_fed:
+            recent = self.times[fed - 1]
+            recent.append(seconds)
+            del recent[: -self.window]
+
+    def record_verification(self, offered: int, accepted: int) -> None:
+        for p in range(min(offered, len(self.offered))):
+            self.offered[p] += 1
+            if p >= accepted:
+                break
+            self.accepted[p] += 1
+
+    def step_costs(self) -> tuple[float, ...]:
+        """t(1), t(2), ... up to the largest size seen; sizes not seen yet interpolated between the sizes
+        seen around them. () until two sizes have been seen (a verifier then checks every draft)."""
+        seen = [(n + 1, sorted(t)[len(t) // 2]) for n, t in enumerate(self.times) if t]
+        if len(seen) < 2:
+            return ()
+        table = []
+        for fed in range(1, seen[-1][0] + 1):
+            below = max((s for s in seen if s[0] <= fed), default=seen[0], key=lambda s: s[0])
+            above = min((s for s in seen if s[0] >= fed), default=seen[-1], key=lambda s: s[0])
+            if above[0] == below[0]:
+                table.append(below[1])
+            else:
+                share = (fed - below[0]) / (above[0] - below[0])
+                table.append(below[1] + share * (above[1] - below[1]))
+        return tuple(table)
+
+    def acceptance(self) -> tuple[float, ...]:
+        """P(draft p accepted | the earlier ones were), p = 1.. up to the last position ever offered."""
+        last = max((p for p, o in enumerate(self.offered) if o), default=-1)
+        return tuple((self.accepted[p] + 1) / (self.offered[p] + 2) for p in range(last + 1))

@@ -70,6 +70,7 @@ class StageEngine:
         self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
         self.runner = None if self.lookup is not None else CausalLMRunner(load_model(spec))
         self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
+        self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests
 
     def start(self) -> None:
         if self.runner is not None:
@@ -240,7 +241,16 @@ class StageRequest:
             upstream_more=self.role.has_upstream and self.upstream_more,
             lead_confidence=self.lead_confidence() if self.role.stop_below > 0 else 1.0,
             model_free=self.engine.lookup is not None,
+            **self.sizing(drafts),
         )
+
+    def sizing(self, drafts: int) -> dict:
+        """What a sizing verifier decides with (`schedule.verify_size`): its own measured t(n) and its
+        drafter's acceptance by position so far."""
+        if not (self.role.size_verification and drafts):
+            return {}
+        history = self.engine.history
+        return {"step_costs": history.step_costs(), "acceptance": history.acceptance()}
 
     def next_action(self) -> tuple[str, Any]:
         """(schedule.STEP | PROPOSE, payload) to act, (FINISH, None), or (IDLE | WAIT, None) to wait."""
@@ -249,8 +259,8 @@ class StageRequest:
         if action.kind == schedule.PROPOSE:
             proposal = self.engine.lookup.propose(self.job.prompt_ids + self.out, action.n)
             return (schedule.PROPOSE, proposal) if proposal else (schedule.IDLE, None)
-        if action.kind == schedule.STEP:
-            return schedule.STEP, (drafts, dists)
+        if action.kind == schedule.STEP:  # a sizing verifier may check only the first action.n drafts
+            return schedule.STEP, (drafts[: action.n], dists[: action.n] if dists is not None else None)
         return action.kind, None
 
     def step(self, kind: str, payload) -> None:
@@ -269,6 +279,9 @@ class StageRequest:
         )
         self.extend(drafts[: step.accepted] + [step.token], step.probs, step.confidence)
         self.margins.extend(step.margins or [])
+        self.engine.history.record_step(step.fed, time.perf_counter() - started)
+        if drafts:
+            self.engine.history.record_verification(len(drafts), step.accepted)
         step_kind = "verify" if drafts else ("single" if self.role.has_upstream or self.role.is_target else "draft")
         self.trace.record(
             started, time.perf_counter(), step_kind, step.fed, len(drafts), step.accepted, step.accepted + 1

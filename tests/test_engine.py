@@ -72,6 +72,10 @@ def test_all_strategies_identical_to_greedy(hierarchy, by_name, prompts, referen
             for i, (prompt, expected) in enumerate(zip(prompts[:4], reference)):
                 result = pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=4, draft_confidence=0.6)
                 assert result.tokens == expected, (strategy, "draft_confidence", i)
+            # verifiers that check only the drafts that pay for their measured step cost: the same output
+            for i, (prompt, expected) in enumerate(zip(prompts[:4], reference)):
+                result = pipe.generate(prompt, MAX_NEW, strategy=strategy, lookahead=2, size_verification=True)
+                assert result.tokens == expected, (strategy, "size_verification", i)
 
 
 class _Silent:

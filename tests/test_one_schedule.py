@@ -92,6 +92,60 @@ def test_same_state_same_view_same_action():
     assert checked == {schedule.STEP, schedule.WAIT, schedule.IDLE, schedule.FINISH}  # every branch was reached
 
 
+# --------------------------------------------------------------------------- verification sized by t(n)
+
+
+def test_verify_size_skips_sizes_that_cost_more_than_they_return():
+    jump = (1.0, 3.0, 3.1, 3.2, 3.3)  # t(n): one row is cheap, two or more cost three times as much
+    assert schedule.verify_size(1, (0.5,), jump) == 0  # 1 token / 1.0 beats 1.5 tokens / 3.0
+    assert schedule.verify_size(3, (0.95,), jump) == 3  # 3.71 tokens / 3.2 beats 1 / 1.0
+    assert schedule.verify_size(4, (0.9, 0.0), jump) == 0  # nothing past the first draft is ever accepted
+    assert schedule.verify_size(4, (0.9,), (1.0, 1.0, 1.0, 1.0, 1.0)) == 4  # a flat t(n): verify everything
+    assert schedule.expected_tokens(2, (0.5, 0.5)) == 1.75 and schedule.step_cost((1.0, 2.0), 4) == 4.0
+    history = schedule.VerifyHistory()
+    assert history.step_costs() == () and history.acceptance() == ()
+    for fed, seconds in ((1, 1.0), (1, 1.2), (1, 0.9), (4, 2.5)):
+        history.record_step(fed, seconds)
+    assert history.step_costs() == (1.0, 1.5, 2.0, 2.5)  # medians, sizes not seen interpolated
+    history.record_verification(3, 1)  # first accepted, second rejected, third never looked at
+    assert history.acceptance() == (2 / 3, 1 / 3)  # with one accepted and one rejected as a prior
+
+
+def test_a_sizing_verifier_takes_the_same_action_in_the_engine_and_the_simulator():
+    role_list = schedule.roles("pipespec", 2, 0, 8, size_verification=True)
+    request = _engine_request(role_list, 1, 20)
+    request.engine.history = schedule.VerifyHistory()
+    for fed, seconds in ((1, 0.05), (2, 0.15), (3, 0.16), (4, 0.17)):
+        request.engine.history.record_step(fed, seconds)
+    for _ in range(8):
+        request.engine.history.record_verification(3, 0)  # this drafter is always wrong
+    request.out = [100, 101]
+    request.upstream_buffer = request.out + [200, 201, 202]
+    request.upstream_more = False
+    kind, (drafts, _) = request.next_action()
+    assert kind == schedule.STEP and drafts == []  # a one-token step: the drafts do not pay for themselves
+    history = request.engine.history
+    sim_view = sim.stage_view(role_list[1], 2, 0, 3, False, 20, step_costs=history.step_costs(),
+                              acceptance=history.acceptance())  # fmt: skip
+    assert sim_view == request.view(3) and schedule.next_action(role_list[1], sim_view) == schedule.Action(
+        schedule.STEP, 0)
+    for _ in range(200):
+        request.engine.history.record_verification(3, 3)  # now it is nearly always right
+    assert request.next_action()[1][0] == [200, 201, 202]
+
+
+def test_the_simulator_sizes_verifications_by_the_cost_table():
+    costs = [sim.StageCost(0.001), sim.TableCost((0.05, 0.15, 0.16, 0.17, 0.18))]
+    plain = sim.simulate_pipespec(costs, [sim.ByPosition([0.4, 0.9])], 400, max_lead=4, seed=1)
+    sized = sim.simulate_pipespec(costs, [sim.ByPosition([0.4, 0.9])], 400, max_lead=4, seed=1,
+                                  size_verification=True)  # fmt: skip
+    # 3 drafts return 2.08 tokens for 0.17 s, a one-token step 1 for 0.05 s: the sized target never verifies
+    assert 3 in plain.step_offers[0] and set(sized.step_offers[0]) == {0}
+    assert sized.tokens_per_second > plain.tokens_per_second
+    good = sim.simulate_pipespec(costs, [0.95], 400, max_lead=4, seed=1, size_verification=True)
+    assert set(good.step_offers[0]) - {0, 3, 4} == set() and 3 in good.step_offers[0]  # 1 or 2 drafts never pay
+
+
 # --------------------------------------------------------------------------- replaying a recorded run
 
 

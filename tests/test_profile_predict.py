@@ -96,6 +96,65 @@ def test_acceptance_by_position_sampler():
         sim.ByPosition([1.5])
 
 
+def test_acceptance_is_sampled_where_decoding_drafts_again():
+    """Starts follow the walk: after the accepted prefix and the verifier's own token."""
+    from pipespec.profiling import ProfileOptions, acceptance_by_position
+
+    truth = list(range(100, 120))
+    seen = []
+
+    def drafter(sequence, k):  # right twice, then wrong; nothing to propose from position 10 on
+        start = len(sequence) - 1
+        seen.append(start)
+        return [] if start >= 10 else truth[start : start + 2] + [-1] * (k - 2)
+
+    stats = acceptance_by_position(drafter, [[7]], [truth], ProfileOptions(draft_k=4))
+    assert seen == [0, 3, 6, 9, 12, 13, 14, 15, 16, 17, 18]  # a miss: one token on
+    assert stats["offered_by_position"] == [4, 4, 4, 0] and stats["accepted_by_position"] == [4, 4, 0, 0]
+    assert stats["starts"] == 11 and stats["proposal_rate"] == pytest.approx(4 / 11)
+    assert stats["mean_proposal_length"] == 4
+
+
+def test_version_1_profile_is_refused_with_the_reason(tiny_profile):
+    raw = json.loads(tiny_profile.read_text())
+    assert raw["version"] == pf.VERSION == 2
+    with pytest.raises(pf.ProfileError, match="fixed strides.*measure it again"):
+        pf.parse_profile({**raw, "version": 1})
+
+
+def test_costs_from_reuses_the_costs_and_measures_acceptance(tiny_profile, tmp_path):
+    raw = json.loads(tiny_profile.read_text())
+    command = [sys.executable, "-m", "experiments.profile", "models=tiny_k2", "dataset.ids=[HumanEval/5]",
+               "profile.continuation=8", f"costs_from={tiny_profile}"]  # fmt: skip
+    done = subprocess.run([*command, f"hydra.run.dir={tmp_path / 'a'}"], env=ENV, capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = json.loads((tmp_path / "a" / "profile.json").read_text())
+    assert again["costs_from"] == str(tiny_profile) and again["sample_ids"] == ["HumanEval/5"]
+    assert again["handoff_s"] == raw["handoff_s"]
+    for old, new in zip(raw["stages"], again["stages"]):
+        assert [new.get(k) for k in ("step_s_alone", "step_s_loaded", "prefill_s_per_token")] == \
+               [old.get(k) for k in ("step_s_alone", "step_s_loaded", "prefill_s_per_token")]
+    assert again["pairs"][0]["starts"] > 0 and pf.load_profile(tmp_path / "a" / "profile.json")
+    raw["machine"]["cpu"]["name"] = "Some Other CPU"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(raw))
+    command[-1] = f"costs_from={other}"
+    done = subprocess.run([*command, f"hydra.run.dir={tmp_path / 'b'}"], env=ENV, capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: costs_from")
+    assert "another cpu" in done.stderr and not (tmp_path / "b" / "profile.json").exists()
+
+
+def test_a_model_free_first_stage_proposes_a_whole_run_at_once():
+    """Like the engine's PROPOSE: a verifier waiting for one draft gets the whole run (up to max_lead)."""
+    costs = [sim.StageCost(1e-5), sim.StageCost(0.01)]
+    free = sim.simulate_pipespec(costs, [0.0], 200, lookahead=1, max_lead=4, supply=[1.0, None], seed=0)
+    assert set(free.offered_counts[0]) == {4}
+    model = sim.simulate_pipespec(costs, [0.0], 200, lookahead=1, max_lead=4, seed=0)  # one draft a step
+    assert min(model.offered_counts[0]) == 1
+
+
 # ---- the sweep ----------------------------------------------------------------------------------------
 
 

@@ -82,7 +82,8 @@ class Systems:
         self.hf = None
         pipespec = cfg["pipespec"]
         self.pipespec = {"strategy": "pipespec", "lookahead": pipespec["lookahead"], "max_lead": pipespec["max_lead"],
-                         "draft_confidence": pipespec["draft_confidence"]}  # fmt: skip
+                         "draft_confidence": pipespec["draft_confidence"],
+                         "size_verification": pipespec.get("size_verification", False)}  # fmt: skip
         window, confidence = sd_candidates(cfg)[0]
         self.sd = {"strategy": "sd", "lookahead": window, "max_lead": cfg["sd"]["max_lead"], "draft_confidence": confidence}
         self.assisted = (cfg["hf"].get("assisted") or [None])[0]
