@@ -1,6 +1,7 @@
 """Measured against predicted: a machine profile's predictions checked on run directories (no torch).
 
     python -m analysis.validate PROFILE RUN_DIRS... [--json]
+    python -m analysis.validate PROFILE RUN_DIRS... --costs     # the profile's t(n) beside the runs' own
 
 For each run (`analysis.results`), the configuration it ran (strategy, lookahead, max_lead, the stages it
 used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict`, and the
@@ -11,6 +12,10 @@ saw its prompts. It is reported on its own and never enters the held-out summary
 |error| per model). A run of another hierarchy, dataset or machine than the profile is predicted with a
 warning naming the mismatch; a run that cannot be predicted (draft_confidence, synthetic acceptance,
 sampling, stages the profile lacks) is skipped with a note.
+
+`--costs` checks the profile's step costs instead: per number of tokens fed n, the target's t(n) in the
+profile (alone) beside the median duration of the runs' own target steps that fed n tokens (from their
+traces; the runs' stages computed side by side, so their steps include contention).
 """
 
 from __future__ import annotations
@@ -156,16 +161,45 @@ def format_report(records: Sequence[Validation]) -> str:
     return "\n".join(lines) if lines else "no run could be predicted"
 
 
+def target_step_costs(runs: Sequence[Run], max_fed: int) -> list[tuple[float | None, int]]:
+    """Per n = 1..max_fed: the median seconds of the runs' target steps that fed n tokens, and their count."""
+    durations: list[list[float]] = [[] for _ in range(max_fed)]
+    for run in runs:
+        if not run.has_traces():
+            continue
+        for _, stages in run.iter_traces():
+            steps = stages[-1].steps
+            for fed, start, end in zip(steps["fed"], steps["t_start"], steps["t_end"]):
+                if 1 <= fed <= max_fed:
+                    durations[fed - 1].append(end - start)
+    return [(statistics.median(d) if d else None, len(d)) for d in durations]
+
+
+def format_costs(profile: Profile, runs: Sequence[Run]) -> str:
+    target = profile.stages[-1]
+    measured = target_step_costs(runs, len(target.step_s_alone))
+    lines = [f"target {target.name}: t(n) in ms, the profile's (alone) beside the runs' target steps (median)",
+             f"  {'n':>3}{'profile':>10}{'runs':>10}{'steps':>8}"]  # fmt: skip
+    for n, (alone, (runs_s, count)) in enumerate(zip(target.step_s_alone, measured), 1):
+        if count:
+            lines.append(f"  {n:>3}{1000 * alone:>10.1f}{1000 * runs_s:>10.1f}{count:>8}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in argv
-    argv = [a for a in argv if a != "--json"]
+    as_json, as_costs = "--json" in argv, "--costs" in argv
+    argv = [a for a in argv if a not in ("--json", "--costs")]
     if len(argv) < 2:
-        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json]", file=sys.stderr)
+        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json | --costs]", file=sys.stderr)
         return 2
     try:
         profile = load_profile(argv[0])
-        records, notes = validate(profile, find_runs(argv[1:]))
+        runs = find_runs(argv[1:])
+        if as_costs:
+            print(format_costs(profile, runs))
+            return 0
+        records, notes = validate(profile, runs)
     except (ProfileError, ResultsError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -45,7 +45,7 @@ BACKGROUND_START_S = 300.0  # a background stage must have loaded its model and 
 @dataclass(frozen=True)
 class ProfileOptions:
     max_fed: int = 32  # t(n) for n = 1..max_fed
-    repeats: int = 3  # timed repetitions per n (after one untimed)
+    repeats: int = 5  # timed sweeps over n = 1..max_fed (medians per n), after one untimed
     continuation: int = 64  # tokens of each verifier's greedy continuation drafts are checked against
     draft_k: int = 8  # tokens drafted from each start (acceptance positions 1..draft_k)
     handoff_tokens: int = 16  # tokens of the short pipeline run that measures the handoff (0: skip)

@@ -11,23 +11,10 @@
 # 50 s + ~10 s start; the full sweep is 3 x 2 x 12 = 72 runs (~70 min) plus 6 profiles (~2-3 min each):
 # about 85 min. In 45 min about 35 runs fit after the profiles: e.g. one dataset (DATASETS=humaneval,
 # 36 runs + 3 profiles is about 45 min) or two hierarchies on both datasets is too many (48 runs).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-PY=${PY:-.venv/bin/python}
-OUT=${OUT:-results/validation}
-HIERARCHIES=${HIERARCHIES:-"smollm2_int8_fp32 smollm2_pld_int8_fp32 smollm2_pld_fp32"}
-DATASETS=${DATASETS:-"humaneval news_lee_cnndm"}
+# shellcheck source=validation_common.sh
+source "$(dirname "$0")/validation_common.sh"
 PROFILE_OPTIONS=${PROFILE_OPTIONS:-"profile.max_fed=16"}
 TOKENS=96
-
-ids() {  # ids DATASET FIRST LAST -> a Hydra list of sample ids
-  local dataset=$1 first=$2 last=$3 out="" i
-  for ((i = first; i <= last; i++)); do
-    if [[ $dataset == humaneval ]]; then out+="HumanEval/$i,"; else out+=$(printf 'lee_background-%03d,' "$i"); fi
-  done
-  echo "[${out%,}]"
-}
 
 CONFIGS=("strategy=greedy")
 for w in 2 4 6; do CONFIGS+=("strategy=sd strategy.lookahead=$w"); done

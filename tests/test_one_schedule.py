@@ -202,3 +202,22 @@ def test_free_drafters_constant_cost_reproduce_eq4(alpha, gamma):
     eq4 = pm.pipespec_tokens_per_step(alpha, gamma)
     assert result.tokens_per_target_step == pytest.approx(eq4, rel=0.02)
     assert result.tokens_per_second == pytest.approx(eq4, rel=0.02)  # target step = 1 s: tokens/s = tokens/step
+
+
+def test_sizing_ab_times_both_variants_on_one_pipeline():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "experiments.sizing_ab", "models=tiny_k2", "dataset=humaneval",
+               "dataset.n_samples=2", "max_new_tokens=12", "strategy=pipespec", "strategy.lookahead=1"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(done.stdout)
+    assert record["identical"] == "2/2" and record["prompts"] == 2 and record["lookahead"] == 1
+    assert record["sized_tokens_per_s"] > 0 and record["all_drafts_tokens_per_s"] > 0
+    bad = subprocess.run([*command[:3], "models=no_such_hierarchy"], env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error:")

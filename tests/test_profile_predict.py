@@ -244,6 +244,12 @@ def test_validate_separates_in_sample_runs_and_names_mismatches(tiny_profile, tm
     held, _, in_sample = text.partition("in-sample runs")
     assert "held-out runs" in held and "greedy" in held and "sd" not in held.split("ours:")[0].split("\n", 2)[2]
     assert "sd" in in_sample and "over 1 runs" in in_sample
+    costs = subprocess.run([sys.executable, "-m", "analysis.validate", str(tiny_profile), str(held_out), str(seen),
+                            "--costs"], env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert costs.returncode == 0, costs.stderr
+    rows = [line.split() for line in costs.stdout.splitlines()[2:]]
+    assert rows and rows[0][0] == "1"  # greedy's one-token steps: t(1) in the profile beside the runs'
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 and int(r[3]) > 0 for r in rows)
     raw = json.loads(tiny_profile.read_text())
     raw["machine"]["cpu"]["name"] = "Some Other CPU"
     other = tmp_path / "other.json"

@@ -1,0 +1,78 @@
+"""Verification sized by t(n) against verifying every draft: one pipeline, the same prompts, side by side.
+
+    python -m experiments.sizing_ab models=smollm2_pld_fp32 dataset=humaneval \
+        'dataset.ids=[HumanEval/10,HumanEval/11]' strategy=pipespec strategy.lookahead=2 max_new_tokens=96
+
+Composes the runner's config (`pipespec/conf/config.yaml`: models, dataset, strategy groups; any override).
+One `Pipeline` serves both variants, alternating per prompt (A B, then B A, ...) so drift of the machine
+falls on both; a short warm-up generation of each comes first, and the sizing verifier's history (its
+t(n) and acceptance, `pipespec.schedule.VerifyHistory`) carries over between prompts as in any long-lived
+pipeline. Prints one JSON line: tokens/s of each variant and their ratio, and whether every output was
+identical to the other variant's. Run it on a quiet machine: it is a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def compare(config: dict) -> dict:
+    from experiments.profile import profile_prompts
+    from pipespec.api import Pipeline
+    from pipespec.hierarchies import resolve_stages
+
+    strategy = config["strategy"]
+    budget = config["max_new_tokens"]
+    options = dict(strategy=strategy["name"], lookahead=strategy.get("lookahead", 0),
+                   max_lead=strategy.get("max_lead", 8))  # fmt: skip
+    with Pipeline(resolve_stages(config["models"]["stages"]), **options) as pipe:
+        dataset, prompts = profile_prompts(config, pipe.tokenizer, pipe.context_length)
+        for sized in (False, True):
+            pipe.generate(prompts[0][1], 16, size_verification=sized)  # warm-up
+        tokens, seconds, identical = {False: 0, True: 0}, {False: 0.0, True: 0.0}, 0
+        for i, (_, prompt) in enumerate(prompts):
+            outputs = {}
+            for sized in (False, True) if i % 2 == 0 else (True, False):
+                started = time.perf_counter()
+                outputs[sized] = pipe.generate(prompt, budget, size_verification=sized).tokens
+                seconds[sized] += time.perf_counter() - started
+                tokens[sized] += len(outputs[sized])
+            identical += outputs[False] == outputs[True]
+    rate = {k: tokens[k] / seconds[k] for k in tokens}
+    return {
+        "models": config["models"]["name"], "dataset": dataset, "prompts": len(prompts),
+        "strategy": options["strategy"], "lookahead": options["lookahead"], "max_lead": options["max_lead"],
+        "max_new_tokens": budget, "all_drafts_tokens_per_s": round(rate[False], 2),
+        "sized_tokens_per_s": round(rate[True], 2), "sized_vs_all_drafts": round(rate[True] / rate[False], 3),
+        "identical": f"{identical}/{len(prompts)}",
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from pipespec.conf import CONF_DIR
+    from pipespec.data import DataError
+    from pipespec.errors import ConfigError, StageError
+
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            config = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+        print(json.dumps(compare(config)))
+    except (ConfigError, DataError, StageError, HydraException) as error:
+        print(f"error: {(str(error).strip().splitlines() or [type(error).__name__])[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
