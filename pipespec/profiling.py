@@ -38,7 +38,6 @@ from typing import Sequence
 from pipespec.errors import ConfigError
 from pipespec.models import StageSpec
 
-from analysis.profile import FORMAT, VERSION  # noqa: E402  (the reader and the writer share them)
 BACKGROUND_START_S = 300.0  # a background stage must have loaded its model and started within this
 
 
@@ -263,7 +262,7 @@ COST_KEYS = ("step_s_alone", "step_s_loaded", "prefill_s_per_token")  # what `co
 def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tuple[list[dict], float | None]:
     """Per stage, the cost fields of `costs_from` (a profile's JSON) and its handoff; a `ConfigError`
     unless it was measured on this machine with these libraries, for the same stages."""
-    from analysis.profile import IDENTITY_KEYS
+    from analysis.profile import FORMAT, IDENTITY_KEYS
 
     where = costs_from.get("path", "costs_from")
     if costs_from.get("format") != FORMAT or not isinstance(costs_from.get("stages"), list):
@@ -297,6 +296,7 @@ def measure_profile(
     """The profile (a JSON-ready dict) of `specs`, smallest first, on `prompts` = [(sample id, ids)].
     `costs_from`: another profile's JSON (with its "path"), whose step costs, prefill and handoff are
     reused (`reused_costs`); only acceptance is measured then."""
+    from analysis.profile import FORMAT, VERSION  # the reader's: one definition for both
     from pipespec.drafters import build_drafter
 
     if not prompts:
