@@ -151,9 +151,12 @@ class Replay:
         if self.agree_prob is not None and not (0.0 <= self.agree_prob <= 1.0):
             raise ValueError(f"agree_prob must be in [0, 1], got {self.agree_prob!r}")
 
+    @property
+    def agree_rate(self) -> float:
+        return estimate_alpha(self.counts) if self.agree_prob is None else self.agree_prob
+
     def sampler(self, rng: np.random.Generator) -> "_ReplaySampler":
-        agree = estimate_alpha(self.counts) if self.agree_prob is None else self.agree_prob
-        return _ReplaySampler(self.counts, agree, rng)
+        return _ReplaySampler(self.counts, self.agree_rate, rng)
 
 
 @dataclass(frozen=True)
@@ -589,7 +592,7 @@ def _rates(spec) -> tuple[float, ...]:
         return spec.rates
     if isinstance(spec, Bernoulli):
         return (spec.alpha,)
-    return (estimate_alpha(spec.counts) if spec.agree_prob is None else spec.agree_prob,)  # Replay
+    return (spec.agree_rate,)  # Replay: its per-token estimate
 
 
 def _simulate_schedule(

@@ -512,7 +512,7 @@ class Pipeline:
         max_lead = pick(max_lead, self.max_lead)
         stage_roles = roles(
             strategy, len(self.specs), lookahead, max_lead, pick(draft_confidence, self.draft_confidence),
-            check_flag("size_verification", pick(size_verification, self.size_verification)),
+            pick(size_verification, self.size_verification),  # roles() checks it is a bool
         )
         seed = pick(seed, self.seed)
         sampling = check_sampling(

@@ -378,8 +378,7 @@ def auto_line(auto: Mapping[str, Any]) -> str:
     chosen = auto["chosen"]
     what = chosen["strategy"] + ("" if chosen["strategy"] == "greedy" else
                                  f" lookahead {chosen['lookahead']} max_lead {chosen['max_lead']}")  # fmt: skip
-    return (f"auto: {what} on stages {chosen['stages']}, predicted {auto['predicted_tokens_per_s']:.1f} tok/s "
-            f"({auto['reason']}; profile {auto['profile']})")
+    return f"auto: {what} on stages {chosen['stages']}: {auto['reason']} (profile {auto['profile']})"
 
 
 def format_markdown(report: Mapping[str, Any]) -> str:
