@@ -22,7 +22,9 @@ from analysis.fit import CostFit, fit_step_cost
 FORMAT = "pipespec-profile"
 VERSION = 2  # acceptance sampled along the decoding walk (`pipespec.profiling`); 1: at fixed strides
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
-IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads")  # the same stage when these match
+IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads", "kernels")  # the same stage when these match
+# profiles written before the `kernels` stage option ran torch's kernels
+IDENTITY_DEFAULTS = {"kernels": lambda kind: None if kind in MODEL_FREE_KINDS else "torch"}
 
 
 class ProfileError(ValueError):
@@ -36,7 +38,7 @@ class StageProfile:
     step_s_alone: tuple[float, ...]  # t(n), n = 1.. (empty for a model-free stage)
     step_s_loaded: tuple[float, ...]  # t(n) while the other model stages run
     prefill_s_per_token: float
-    identity: tuple[tuple[str, Any], ...] = ()  # what the stage is (kind, model, quantize, dtype, threads)
+    identity: tuple[tuple[str, Any], ...] = ()  # what the stage is (IDENTITY_KEYS)
 
     @property
     def model_free(self) -> bool:
@@ -92,12 +94,19 @@ def _numbers(value: Any, where: str, minimum: float = 0.0) -> tuple[float, ...]:
     return tuple(_number(v, f"{where}[{i}]", minimum) for i, v in enumerate(value))
 
 
+def stage_entry(data: dict, key: str) -> Any:
+    """A profile stage entry's identity field, with the value older profiles imply where it is missing."""
+    if key not in data and key in IDENTITY_DEFAULTS:
+        return IDENTITY_DEFAULTS[key](data.get("kind", "hf"))
+    return data.get(key)
+
+
 def _stage(data: Any, i: int) -> StageProfile:
     where = f"stages[{i}]"
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise ProfileError(f"{where} must be an object with a name")
     kind = data.get("kind", "hf")
-    identity = tuple((key, data.get(key)) for key in IDENTITY_KEYS)
+    identity = tuple((key, stage_entry(data, key)) for key in IDENTITY_KEYS)
     if kind in MODEL_FREE_KINDS:
         return StageProfile(data["name"], kind, (), (), 0.0, identity)
     alone = _numbers(data.get("step_s_alone"), f"{where}.step_s_alone")

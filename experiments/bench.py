@@ -89,7 +89,7 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         prepass = started.choose_settings(systems, prompts[: cfg["prepass_prompts"]], max_new)
         alternate(systems, prompts, cfg["repetitions"], max_new, rss, cfg.get("progress", True))
         processes = started.processes()
-        report = summarize(cfg, systems, prompts, rss, prepass, setup.k2, setup.k3, family)
+        report = summarize(cfg, systems, prompts, rss, prepass, setup.k2, setup.k3, family, setup.more)
         report["processes"] = processes
     finally:
         rss.stop()

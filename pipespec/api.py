@@ -499,8 +499,10 @@ class Pipeline:
         seed: int | None = None,
         acceptance: str | None = None,
         synthetic_rates: float | Sequence[float] | None = None,
+        forget_outputs: bool = False,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens` after `prompt`; options left None take the pipeline's defaults.
+        `forget_outputs`: a suffix stage running this request first drops the earlier outputs it indexed.
 
         `faults` is for tests only: a `pipespec.faults.FaultPlan` the named stage acts on."""
 
@@ -524,6 +526,8 @@ class Pipeline:
         acceptance = check_acceptance(
             pick(acceptance, self.acceptance), pick(synthetic_rates, self.synthetic_rates), len(self.specs), sampling
         )
+        if not isinstance(forget_outputs, bool):
+            raise ConfigError(f"forget_outputs must be true or false, got {forget_outputs!r}")
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be an integer > 0, got {max_new_tokens!r}")
         prompt_ids = self.encode(prompt)
@@ -540,7 +544,7 @@ class Pipeline:
         job = Job(
             request=self._request, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids,
             roles=stage_roles, stall_timeout_s=self.stall_timeout_s, stage_names=self.names, sampling=sampling,
-            acceptance=acceptance, faults=faults,
+            acceptance=acceptance, forget_outputs=forget_outputs, faults=faults,
         )  # fmt: skip
         active = [i for i, role in enumerate(stage_roles) if role.active]
         started = time.perf_counter()

@@ -48,8 +48,10 @@ class AutoChoice:
 
 def stage_identity(spec: StageSpec) -> dict[str, Any]:
     """What a profile's stage entry records of a stage (`analysis.profile.IDENTITY_KEYS`)."""
+    from pipespec.models import resolved_kernels
+
     return {"kind": spec.kind, "model": spec.model, "quantize": spec.quantize, "dtype": spec.dtype,
-            "threads": spec.threads}  # fmt: skip
+            "threads": spec.threads, "kernels": resolved_kernels(spec)}  # fmt: skip
 
 
 def _candidate(prediction) -> dict[str, Any]:

@@ -54,6 +54,8 @@ class Drafter(Protocol):
 
     def observe_output(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None: ...
 
+    def forget_outputs(self) -> None: ...
+
 
 class PromptLookup:
     """A model-free drafter: continue the latest earlier occurrence of the sequence's last n-gram."""
@@ -81,6 +83,9 @@ class PromptLookup:
 
     def observe_output(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Prompt lookup remembers nothing between requests."""
+
+    def forget_outputs(self) -> None:
+        """Nothing to forget."""
 
 
 class _NgramIndex:
@@ -194,6 +199,12 @@ class SuffixDrafter:
         while self.outputs.size + len(doc) > room:
             self.outputs.evict_oldest()
         self.outputs.append(doc)
+
+    def forget_outputs(self) -> None:
+        """Drop every earlier output from the index (the corpus stays): e.g. before a benchmark repeats its
+        prompts, whose earlier outputs would otherwise be drafted back verbatim."""
+        self.outputs = _DocumentStore(self.max_depth)
+        self._reset_local()
 
     def indexed_tokens(self) -> int:
         """Tokens of earlier outputs and corpus documents in the index (at most max_index_tokens)."""

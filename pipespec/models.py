@@ -26,6 +26,8 @@ KINDS = ("hf", "prompt_lookup", "suffix")
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")  # drafters without a model: pipespec.drafters
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = (None, "int8-dynamic", "nf4")
+KERNELS = ("auto", "onednn", "torch")  # fp32 CPU linears: pipespec.kernels
+KERNELS_ENV = "PIPESPEC_KERNELS"  # what "auto" means when set (torch | onednn)
 
 
 @dataclass
@@ -39,6 +41,7 @@ class StageSpec:
     quantize: str | None = None
     name: str | None = None
     threads: int = 1
+    kernels: str = "auto"  # auto | onednn | torch: fp32 CPU linears prepacked for oneDNN (pipespec.kernels)
     ngram_size: int = 3  # prompt_lookup: longest n-gram to match
     max_proposal: int = 8  # prompt_lookup, suffix: most tokens proposed per step
     max_depth: int = 8  # suffix: longest suffix matched (and n-gram depth indexed)
@@ -102,6 +105,11 @@ class StageSpec:
                 _check_device(device, check_devices)
             if self.quantize == "nf4":
                 _check_nf4(self.devices, check_devices)
+            if self.kernels not in KERNELS:
+                raise ConfigError(f"stage option 'kernels' must be one of {list(KERNELS)}, got {self.kernels!r}")
+            why_not = static_kernel_obstacle(self.device, self.dtype, self.quantize)
+            if self.kernels == "onednn" and why_not:
+                raise ConfigError(f"stage option kernels 'onednn' cannot apply: {why_not}")
             if len(self.devices) > 1 and not all(d.startswith("cuda") for d in self.devices):
                 raise ConfigError(f"a model split over several devices needs CUDA devices, got {self.device!r}")
         elif self.kind == "prompt_lookup":
@@ -291,6 +299,26 @@ def check_shared_vocabulary(specs: Sequence[StageSpec]):
     return target
 
 
+def static_kernel_obstacle(device: str, dtype: str, quantize: str | None) -> str | None:
+    """Why oneDNN prepacking cannot apply to a stage with these options (None: it can, if torch has oneDNN)."""
+    if not str(device).startswith("cpu"):
+        return f"device {device} (prepacking is for the CPU)"
+    if dtype != "float32":
+        return f"dtype {dtype} (prepacking is for float32)"
+    if quantize is not None:
+        return f"quantize {quantize} (quantized linears keep their own kernels)"
+    return None
+
+
+def resolved_kernels(spec: StageSpec) -> str | None:
+    """What the stage's linears run: "onednn" or "torch" (None: a model-free stage)."""
+    if spec.kind != "hf":
+        return None
+    from pipespec.kernels import resolve
+
+    return resolve(spec.kernels, spec.device, spec.dtype, spec.quantize)
+
+
 def load_model(spec: StageSpec):
     """Load a stage's model for inference (eval mode, dtype, device, quantization)."""
     import torch
@@ -319,6 +347,10 @@ def load_model(spec: StageSpec):
     model.eval()
     if spec.quantize == "int8-dynamic":
         model = quantize_int8_dynamic(model)
+    if resolved_kernels(spec) == "onednn":
+        from pipespec.kernels import prepack_linears
+
+        prepack_linears(model)
     return model
 
 

@@ -262,7 +262,7 @@ COST_KEYS = ("step_s_alone", "step_s_loaded", "prefill_s_per_token")  # what `co
 def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tuple[list[dict], float | None]:
     """Per stage, the cost fields of `costs_from` (a profile's JSON) and its handoff; a `ConfigError`
     unless it was measured on this machine with these libraries, for the same stages."""
-    from analysis.profile import FORMAT, IDENTITY_KEYS
+    from analysis.profile import FORMAT, IDENTITY_KEYS, stage_entry
 
     where = costs_from.get("path", "costs_from")
     if costs_from.get("format") != FORMAT or not isinstance(costs_from.get("stages"), list):
@@ -277,7 +277,8 @@ def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tu
         raise ConfigError(f"costs_from {where} has {len(stages)} stages, this hierarchy {len(entries)}")
     reused = []
     for i, (old, new) in enumerate(zip(stages, entries)):
-        differ = [k for k in IDENTITY_KEYS if old.get(k) != new.get(k)]
+        differ = [f"{k} ({stage_entry(old, k)} there, {new.get(k)} here)" for k in IDENTITY_KEYS
+                  if stage_entry(old, k) != new.get(k)]  # fmt: skip
         if differ:
             raise ConfigError(f"costs_from {where}: stage {i} differs in {', '.join(differ)}")
         reused.append({k: old[k] for k in COST_KEYS if k in old})
@@ -297,6 +298,7 @@ def measure_profile(
     `costs_from`: another profile's JSON (with its "path"), whose step costs, prefill and handoff are
     reused (`reused_costs`); only acceptance is measured then."""
     from analysis.profile import FORMAT, VERSION  # the reader's: one definition for both
+    from pipespec.autoconf import stage_identity
     from pipespec.drafters import build_drafter
 
     if not prompts:
@@ -307,8 +309,7 @@ def measure_profile(
     machine = machine_facts(specs)
     drafters = [build_drafter(spec) for spec in specs]  # None for a model stage
     model_stages = [i for i, d in enumerate(drafters) if d is None]
-    stages = [{"name": spec.label, "kind": spec.kind, "model": spec.model, "quantize": spec.quantize,
-               "dtype": spec.dtype, "threads": spec.threads} for spec in specs]  # fmt: skip
+    stages = [{"name": spec.label, **stage_identity(spec)} for spec in specs]
     reused, handoff = reused_costs(costs_from, stages, machine) if costs_from is not None else (None, None)
     runners = {i: _runner(specs[i]) for i in model_stages}
     for i, entry in enumerate(stages):

@@ -51,6 +51,7 @@ class Job:
     stage_names: list[str]
     sampling: "Sampling"
     acceptance: "Acceptance"
+    forget_outputs: bool = False  # model-free drafters drop earlier outputs before this request (suffix)
     faults: Any = None  # tests only: a `pipespec.faults.FaultPlan`; production code never sets it
 
 

@@ -75,6 +75,8 @@ def environment(specs) -> dict[str, Any]:
     import torch
     import transformers
 
+    from pipespec.models import resolved_kernels
+
     cpu = cpu_info()
     return {
         "python": platform.python_version(),
@@ -88,6 +90,7 @@ def environment(specs) -> dict[str, Any]:
         **gpu_facts(),  # gpus, cuda, driver, bitsandbytes, ...
         "threads_per_stage": [spec.threads for spec in specs],
         "devices_per_stage": [spec.device for spec in specs],
+        "kernels_per_stage": [resolved_kernels(spec) for spec in specs],  # onednn | torch | None (model-free)
     }
 
 

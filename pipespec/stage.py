@@ -443,6 +443,8 @@ def serve(index: int, n_stages: int, engine: StageEngine, inbox: Inbox) -> None:
     """Run requests until the driver says shut down."""
     while (job := inbox.next_job()) is not None:
         link = inbox.transport if job.faults is None else job.faults.wrap(inbox.transport, index)
+        if job.forget_outputs and engine.lookup is not None:
+            engine.lookup.forget_outputs()
         request = StageRequest(index, job, engine, link, job.stage_names)
         output = request.run(inbox.for_request(job.request))
         request.log("finished", output)

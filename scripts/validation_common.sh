@@ -2,6 +2,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# the committed results were measured before oneDNN prepacking (pipespec.kernels): keep their kernels
+export PIPESPEC_KERNELS=${PIPESPEC_KERNELS:-torch}
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-results/validation}
 HIERARCHIES=${HIERARCHIES:-"smollm2_int8_fp32 smollm2_pld_int8_fp32 smollm2_pld_fp32"}

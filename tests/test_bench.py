@@ -14,6 +14,7 @@ from pipespec.trace import StageTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ["hf_greedy", "hf_assisted", "hf_prompt_lookup", "greedy", "sd", "pipespec_k2", "pipespec_k3"]
+MORE = ["sd@tiny_k2", "pipespec@tiny_k2"]  # `hierarchies`: each in a pipeline of its own
 TINY = [
     "random_prompt_length=12",
     "samples=2",
@@ -23,6 +24,7 @@ TINY = [
     "prepass_prompts=1",
     "progress=false",
     "systems=[" + ",".join(SYSTEMS) + "]",  # auto has its own test (tests/test_auto.py)
+    "hierarchies=[tiny_k2]",
     "models@k2=tiny_k2",
     "k3.name=tiny_pld_k3",
     'k3.stages=[{kind:prompt_lookup,ngram_size:3,max_proposal:8},{model:"tiny:draft_noise0.05"},{model:"tiny:target"}]',
@@ -44,7 +46,10 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["name"]: r for r in report["systems"]}
-    assert list(rows) == SYSTEMS
+    assert list(rows) == SYSTEMS + MORE
+    assert rows["pipespec@tiny_k2"]["hierarchy"] == "tiny_k2" and rows["sd@tiny_k2"]["settings"]["window"] in (2, 3)
+    assert [p["window"] for p in report["prepass"]["sd@tiny_k2"]] == [2, 3, 2, 3]
+    assert report["hierarchies"]["k2"]["kernels"] == ["onednn", "onednn"] and report["hf_kernels"] == "torch"
     for name, r in rows.items():
         assert r["tokens_per_s_min"] <= r["tokens_per_s_median"] <= r["tokens_per_s_max"], name
         assert len(r["tokens_per_s_per_repetition"]) == 2 and r["runs"] == 4
@@ -54,7 +59,7 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
         assert r["ratio_vs_hf_greedy"] is not None and r["ratio_vs_hf_assisted"] is not None
     assert rows["hf_greedy"]["ratio_vs_hf_greedy"] == pytest.approx(1.0)
     assert len(rows["pipespec_k3"]["peak_rss_mb"]) == 3 and len(rows["hf_greedy"]["peak_rss_mb"]) == 1
-    for name in ("greedy", "sd", "pipespec_k2", "pipespec_k3"):
+    for name in ("greedy", "sd", "pipespec_k2", "pipespec_k3", *MORE):
         r = rows[name]
         assert r["ideal_bound_tokens_per_s"] > 0 and 0 < r["target_busy_fraction"] <= 1
         assert r["breakdown"]["stages"][-1]["compute_ms_per_token"] > 0
@@ -62,20 +67,22 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
     assert [(p["window"], p["draft_confidence"]) for p in report["prepass"]["sd"]] == [(2, 0.0), (3, 0.0), (2, 0.4), (3, 0.4)]
     assert len(report["prepass"]["hf_assisted"]) == 2
     assert rows["hf_prompt_lookup"]["settings"] == {"prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 3}
-    assert {t["target"] for t in report["targets"]} >= {"greedy_vs_hf_greedy", "pipespec_vs_ideal"}
+    assert {t["target"] for t in report["targets"]} >= {"greedy_vs_hf_greedy", "pipespec_vs_ideal",
+                                                        "best_speculative_vs_hf_greedy", "best_pipespec_vs_best_sd"}
     assert all(t["met"] or t["why"] for t in report["targets"])  # a miss says why
     table = (tmp_path / "bench.md").read_text()
     cpu = report["machine"]["cpu"]  # a VM's CPU name alone hides generations that measure 2x apart
     assert cpu["name"] and cpu["torch_capability"] and f"machine: {cpu['name']} (family {cpu['family']}" in table
     assert "| system | tok/s median |" in table and "## Where the time goes" in table
-    assert all(f"| {name} |" in table for name in SYSTEMS)
+    assert all(f"| {name} |" in table for name in SYSTEMS + MORE)
+    assert "kernels: tiny_k2 onednn/onednn;" in table and "HF systems torch" in table
     assert "| system | tok/s median |" in done.stdout  # printed too
     # the bench composes the runner's group files (no copies of their settings)
     assert report["config"]["pipespec"] == load_conf("strategy", "pipespec")
     assert report["config"]["k2"] == load_conf("models", "tiny_k2")
     assert "| mean acceptance length | draft acceptance rate |" in table
     runs = json.loads((tmp_path / "runs.json").read_text())
-    assert len(runs) == 7 * 4 and all("stage_traces" in r for r in runs if r["system"] == "pipespec_k3")
+    assert len(runs) == 9 * 4 and all("stage_traces" in r for r in runs if r["system"] == "pipespec_k3")
 
 
 @pytest.mark.parametrize(
@@ -84,6 +91,10 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
         ("systems=[hf_greedy,nope]", "unknown system(s) ['nope']"),
         ("dataset=nothing", "unknown dataset 'nothing'"),
         ("pipespec.max_lead=0", "pipespec: max_lead must be an integer >= 1"),
+        ("hierarchies=[nowhere]", "hierarchies: unknown model hierarchy 'nowhere'"),
+        ("systems=[greedy,beam@tiny_k2]", "unknown system(s) ['beam@tiny_k2']"),
+        ("hierarchies=[smollm2_pld_fp32]", "hierarchy smollm2_pld_fp32 must end in k2's target"),
+        ('k3.stages=[{kind:suffix},{model:"tiny:target"}]', "has a suffix stage: list it under `hierarchies`"),
     ],
 )
 def test_bad_config_is_a_one_line_error(tmp_path, override, message):

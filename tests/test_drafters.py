@@ -54,6 +54,16 @@ def test_an_output_is_not_proposed_before_its_request_ends():
     assert d.propose([7] + prompt, 8) == output  # the same prompt again: the earlier output, whole
 
 
+def test_forget_outputs_drops_earlier_outputs_and_keeps_the_corpus():
+    prompt, output = [40, 41, 42, 43], [50, 51, 52, 53, 54, 55]
+    d = SuffixDrafter(corpus=[[60, 61, 62, 63]])
+    d.observe_output(prompt, output)
+    assert d.propose([7] + prompt, 8) == output and d.indexed_tokens() > 4
+    d.forget_outputs()
+    assert d.propose([7] + prompt, 8) == [] and d.indexed_tokens() == 4
+    assert d.propose([9, 60, 61], 2) == [62, 63]  # the corpus stays
+
+
 def test_rollback_and_a_new_request_follow_the_sequence():
     d = SuffixDrafter()
     assert d.propose([1, 2, 3, 1, 2], 2) == [3, 1]
@@ -207,6 +217,12 @@ def test_suffix_stage_identical_to_greedy_and_proposes_an_earlier_output(tiny, g
             assert result.tokens == expected, i
             first[i] = result.summary()[1]  # the suffix stage's verifier
         repeat = pipe.generate(prompts[repeat_index], MAX_NEW)  # seen before: the index holds its output
+        if strategy == "pipespec" and k == 2:  # forgotten: drafted as on first sight (a benchmark's repetition)
+            forgot = pipe.generate(prompts[repeat_index], MAX_NEW, forget_outputs=True)
+            assert forgot.tokens == reference[repeat_index]
+            assert forgot.summary()[1]["accepted"] < repeat.summary()[1]["accepted"]
+            with pytest.raises(ConfigError, match="forget_outputs must be true or false"):
+                pipe.generate(prompts[0], 4, forget_outputs="yes")
     assert repeat.tokens == reference[repeat_index]
     verifier = repeat.summary()[1]
     expected = reference[repeat_index]

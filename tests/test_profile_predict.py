@@ -84,6 +84,11 @@ def test_profile_from_elsewhere_names_the_mismatch(tiny_profile):
     found = pf.mismatches(profile, hierarchy="smollm2_int8_fp32")
     assert any(f.startswith("hierarchy:") for f in found) and any(f.startswith("cpu:") for f in found)
     assert any(f.startswith("torch:") and "0.0.1" in f for f in found)
+    stages = [{k: v for k, v in s.items() if k != "name"} for s in raw["stages"]]
+    assert stages[-1]["kernels"] == "onednn" and not pf.mismatches(profile, here={}, stages=stages)
+    del raw["stages"][-1]["kernels"]  # written before the option: torch's kernels ran
+    found = pf.mismatches(pf.parse_profile(raw), here={}, stages=stages)
+    assert found == ["stage 1 kernels: profile 'torch', run 'onednn'"]
     raw["stages"][0]["step_s_alone"] = [1.0]
     with pytest.raises(pf.ProfileError, match="same number"):
         pf.parse_profile(raw)

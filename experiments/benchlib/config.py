@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from pipespec.conf import options
 from pipespec.errors import ConfigError
+from pipespec.models import KERNELS
 from pipespec.schedule import check_options
 
 HF_SYSTEMS = ("hf_greedy", "hf_assisted", "hf_prompt_lookup")
@@ -23,7 +24,26 @@ TARGET_KEYS = (
     "pipespec_vs_ideal",
     "auto_vs_best_fixed",
     "auto_vs_greedy",
+    "best_speculative_vs_hf_greedy",  # the fastest sd / pipespec system of any hierarchy
+    "best_speculative_vs_best_hf_speculative",  # ... against the faster of HF assisted and HF prompt lookup
+    "best_pipespec_vs_best_sd",
 )
+PER_HIERARCHY_STRATEGIES = ("sd", "pipespec")  # systems "sd@NAME" / "pipespec@NAME" of `hierarchies`
+
+
+def per_hierarchy(system: str) -> tuple[str, str] | None:
+    """(strategy, hierarchy name) of a system "STRATEGY@NAME", else None."""
+    strategy, at, name = system.partition("@")
+    return (strategy, name) if at else None
+
+
+def is_sd(system: str) -> bool:
+    return system == "sd" or system.startswith("sd@")
+
+
+def is_speculative(system: str) -> bool:
+    """Our sd and pipespec systems, of any hierarchy (not greedy, not auto)."""
+    return is_sd(system) or system.startswith("pipespec")
 # the config groups bench.yaml composes: defaults-list key -> group
 GROUPS = {"models@k2": "models", "models@k3": "models", "strategy@pipespec": "strategy",
           "strategy@sd": "strategy", "dataset": "dataset"}  # fmt: skip
@@ -82,13 +102,20 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     systems = cfg.get("systems")
     if not isinstance(systems, (list, tuple)) or not systems:
         raise BenchConfigError(f"systems must be a non-empty list of {list(SYSTEMS)}, got {systems!r}")
-    unknown = [s for s in systems if s not in SYSTEMS]
+    hierarchies = cfg.get("hierarchies") or []
+    if not isinstance(hierarchies, (list, tuple)) or not all(isinstance(h, str) and h for h in hierarchies):
+        raise BenchConfigError(f"hierarchies must be a list of hierarchy names, got {hierarchies!r}")
+    systems = list(systems) + [f"{strategy}@{name}" for name in hierarchies for strategy in PER_HIERARCHY_STRATEGIES
+                               if f"{strategy}@{name}" not in systems]  # fmt: skip
+    unknown = [s for s in systems if s not in SYSTEMS and (per_hierarchy(s) or ("",))[0] not in PER_HIERARCHY_STRATEGIES]
     if unknown:
-        raise BenchConfigError(f"unknown system(s) {unknown} in systems; expected some of {list(SYSTEMS)}")
+        raise BenchConfigError(f"unknown system(s) {unknown} in systems; expected some of {list(SYSTEMS)} or "
+                               f"STRATEGY@HIERARCHY with a strategy of {list(PER_HIERARCHY_STRATEGIES)}")  # fmt: skip
     if len(set(systems)) != len(systems):
         raise BenchConfigError(f"systems lists a system twice: {list(systems)}")
+    cfg["systems"] = systems
     _strategy(cfg, "pipespec")
-    if "sd" in systems:
+    if any(is_sd(s) for s in systems):
         for window, confidence in sd_candidates(cfg):
             if isinstance(window, bool) or not isinstance(window, int) or window < 1:
                 raise BenchConfigError(f"sd_windows must be integers >= 1, got {window!r}")
@@ -103,6 +130,8 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise BenchConfigError(f"prompt_family must be chat, base or null, got {cfg.get('prompt_family')!r}")
     hf = dict(cfg.get("hf") or {})
     _int(hf, "threads", 1)
+    if hf.get("kernels", "torch") not in KERNELS:
+        raise BenchConfigError(f"hf.kernels must be one of {list(KERNELS)}, got {hf.get('kernels')!r}")
     assisted = hf.get("assisted")
     if isinstance(assisted, Mapping):
         assisted = [assisted]

@@ -14,7 +14,8 @@ from statistics import mean, median
 from typing import Any, Mapping, Sequence
 
 from analysis.fit import fit_step_cost
-from experiments.benchlib.config import FIXED_SYSTEMS
+from experiments.benchlib.config import FIXED_SYSTEMS, is_sd, is_speculative
+from pipespec.models import resolved_kernels
 from pipespec.runner import cpu_info
 from pipespec.stats import StageStats, pool
 
@@ -168,7 +169,7 @@ def _rate(results) -> float:
     return sum(len(r.tokens) for r in results) / seconds if seconds > 0 else 0.0
 
 
-def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family) -> dict[str, Any]:
+def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=None) -> dict[str, Any]:
     """The report: a row per system (rates over repetitions, identical counts, acceptance, bound), targets, notes."""
     import torch
     import transformers
@@ -266,9 +267,14 @@ def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family) -> dict
             "torch_threads_driver": torch.get_num_threads(),
         },
         "hierarchies": {
-            "k2": {"name": k2.label, "stages": [s.label for s in k2.stages]},
-            "k3": {"name": k3.label, "stages": [s.label for s in k3.stages]} if k3 else None,
+            "k2": {"name": k2.label, "stages": [s.label for s in k2.stages],
+                   "kernels": [resolved_kernels(s) for s in k2.stages]},
+            "k3": {"name": k3.label, "stages": [s.label for s in k3.stages],
+                   "kernels": [resolved_kernels(s) for s in k3.stages]} if k3 else None,
+            **{name: {"name": h.label, "stages": [s.label for s in h.stages],
+                      "kernels": [resolved_kernels(s) for s in h.stages]} for name, h in (more or {}).items()},
         },
+        "hf_kernels": cfg["hf"].get("kernels") or "torch",
         "prompts": {"n": len(prompts), "dataset": prompt_source(cfg), "family": family,
                     "lengths": [len(p) for p in prompts]},
         "max_new_tokens": cfg["max_new_tokens"],
@@ -342,6 +348,25 @@ def check_targets(rows: list[dict], thresholds: Mapping[str, float]) -> list[dic
     for key, label, value, involved in specs:
         if key in thresholds:
             checks.append((key, label, value(), thresholds[key], involved))
+    speculative = [n for n in by if is_speculative(n)]
+    if speculative:
+        best = max(speculative, key=lambda n: by[n]["tokens_per_s_median"])
+        if "best_speculative_vs_hf_greedy" in thresholds and "hf_greedy" in by:
+            checks.append(("best_speculative_vs_hf_greedy", f"best speculative ({best}) / HF greedy",
+                           ratio(best, "hf_greedy"), thresholds["best_speculative_vs_hf_greedy"], [best, "hf_greedy"]))
+        hf_spec = [n for n in ("hf_assisted", "hf_prompt_lookup") if n in by]
+        if "best_speculative_vs_best_hf_speculative" in thresholds and hf_spec:
+            best_hf = max(hf_spec, key=lambda n: by[n]["tokens_per_s_median"])
+            checks.append(("best_speculative_vs_best_hf_speculative", f"best speculative ({best}) / best HF "
+                           f"speculative ({best_hf})", ratio(best, best_hf),
+                           thresholds["best_speculative_vs_best_hf_speculative"], [best, best_hf]))  # fmt: skip
+        sds = [n for n in speculative if is_sd(n)]
+        pipespecs = [n for n in speculative if not is_sd(n)]
+        if "best_pipespec_vs_best_sd" in thresholds and sds and pipespecs:
+            best_sd = max(sds, key=lambda n: by[n]["tokens_per_s_median"])
+            best_pipe = max(pipespecs, key=lambda n: by[n]["tokens_per_s_median"])
+            checks.append(("best_pipespec_vs_best_sd", f"best pipespec ({best_pipe}) / best sd ({best_sd})",
+                           ratio(best_pipe, best_sd), thresholds["best_pipespec_vs_best_sd"], [best_pipe, best_sd]))
     fixed = [n for n in FIXED_SYSTEMS if n in by]
     if "auto" in by and fixed:
         best = max(fixed, key=lambda n: by[n]["tokens_per_s_median"])
@@ -381,6 +406,14 @@ def auto_line(auto: Mapping[str, Any]) -> str:
     return f"auto: {what} on stages {chosen['stages']}: {auto['reason']} (profile {auto['profile']})"
 
 
+def kernels_line(report: Mapping[str, Any]) -> str:
+    """Which linear kernels each side ran (`pipespec.kernels`): our stages', and HF generate's."""
+    ours = {h["name"]: "/".join(k or "model-free" for k in h.get("kernels") or ["?"])
+            for h in report["hierarchies"].values() if h}  # fmt: skip
+    return ("kernels: " + "; ".join(f"{name} {k}" for name, k in ours.items())
+            + f"; HF systems {report.get('hf_kernels', 'torch')}")
+
+
 def format_markdown(report: Mapping[str, Any]) -> str:
     rows = report["systems"]
     lines = [
@@ -394,6 +427,7 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         f"HF assisted: {report['hf_assisted_settings']}",
         *([auto_line(report["auto"])] if report.get("auto") else []),
         _machine_line(report["machine"]),
+        kernels_line(report),
         "",
         "| system | tok/s median | min-max | x HF greedy | x HF assisted | mean acceptance length "
         "| draft acceptance rate | tokens/target step | target busy | ideal bound tok/s | of bound | identical "

@@ -13,10 +13,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from experiments.benchlib.config import HF_SYSTEMS, BenchConfigError, Hierarchy, resolve_hierarchy, sd_candidates
+from pipespec.errors import ConfigError
+
+from experiments.benchlib.config import (HF_SYSTEMS, BenchConfigError, Hierarchy, is_sd, per_hierarchy,
+                                         resolve_hierarchy, sd_candidates)  # fmt: skip
 from experiments.benchlib.timer import prepass
 
 
@@ -30,6 +33,7 @@ class System:
     stages: list[str] = field(default_factory=list)
     kind: str = "pipespec"  # or "hf"
     runs: list[tuple[int, int, Any]] = field(default_factory=list)  # (repetition, prompt index, result)
+    forget_next: bool = False  # set at each repetition's start: a suffix stage drops the outputs it indexed
 
 
 def same_target(a, b) -> bool:
@@ -43,6 +47,13 @@ class Setup:
     k2: Hierarchy
     k3: Hierarchy | None
     lookup: Any  # the prompt-lookup StageSpec, or None
+    more: dict[str, Hierarchy] = field(default_factory=dict)  # the hierarchies of "STRATEGY@NAME" systems
+
+    def hierarchy_of(self, system: str) -> Hierarchy:
+        where = per_hierarchy(system)
+        if where is not None:
+            return self.more[where[1]]
+        return self.k3 if system == "pipespec_k3" else self.k2
 
     @property
     def target(self):
@@ -62,10 +73,27 @@ def resolve_setup(cfg: Mapping[str, Any]) -> Setup:
         raise BenchConfigError(f"k2 and k3 must end in the same target: {k2.stages[-1].label} vs {k3.stages[-1].label}")
     if "hf_assisted" in wanted and k2.stages[0].kind != "hf":
         raise BenchConfigError("hf_assisted needs a model as the first stage of k2 (the assistant)")
+    for h in (k2, k3):
+        if h is not None and any(s.kind == "suffix" for s in h.stages):
+            raise BenchConfigError(f"{h.key} ({h.label}) has a suffix stage: list it under `hierarchies` instead, "
+                                   "where each system runs its own pipeline (a suffix stage indexes every output "
+                                   "of its pipeline, so a system sharing it would draft another's output of the "
+                                   "same prompt)")  # fmt: skip
     lookup = next((s for h in (k3, k2) if h is not None for s in h.stages if s.kind == "prompt_lookup"), None)
     if "hf_prompt_lookup" in wanted and lookup is None:
         raise BenchConfigError("hf_prompt_lookup needs a prompt_lookup stage in k3 (or k2)")
-    return Setup(k2, k3, lookup)
+    more = {}
+    for name in dict.fromkeys(where[1] for where in map(per_hierarchy, wanted) if where is not None):
+        from pipespec.hierarchies import read_hierarchy
+
+        try:
+            more[name] = resolve_hierarchy(name, read_hierarchy(name))
+        except ConfigError as error:
+            raise BenchConfigError(f"hierarchies: {error}") from None
+        if not same_target(more[name].stages[-1], k2.stages[-1]):
+            raise BenchConfigError(f"hierarchy {name} must end in k2's target {k2.stages[-1].label}, "
+                                   f"not {more[name].stages[-1].label}")  # fmt: skip
+    return Setup(k2, k3, lookup, more)
 
 
 class Systems:
@@ -85,7 +113,8 @@ class Systems:
                          "draft_confidence": pipespec["draft_confidence"],
                          "size_verification": pipespec.get("size_verification", False)}  # fmt: skip
         window, confidence = sd_candidates(cfg)[0]
-        self.sd = {"strategy": "sd", "lookahead": window, "max_lead": cfg["sd"]["max_lead"], "draft_confidence": confidence}
+        sd = {"strategy": "sd", "lookahead": window, "max_lead": cfg["sd"]["max_lead"], "draft_confidence": confidence}
+        self.sd = {name: dict(sd) for name in self.wanted if is_sd(name)}  # per sd system: its pre-pass's choice
         self.assisted = (cfg["hf"].get("assisted") or [None])[0]
         try:
             options = dict(strategy="pipespec", lookahead=pipespec["lookahead"], max_lead=pipespec["max_lead"],
@@ -94,6 +123,9 @@ class Systems:
                 self.pipes["k2"] = Pipeline(setup.k2.stages, **options)
             if "pipespec_k3" in self.wanted:
                 self.pipes["k3"] = Pipeline(setup.k3.stages, **options)
+            for name in self.wanted:  # a pipeline of its own per STRATEGY@HIERARCHY system
+                if per_hierarchy(name) is not None:
+                    self.pipes[name] = Pipeline(setup.hierarchy_of(name).stages, **options)
             if "auto" in self.wanted:
                 self.auto_hierarchy = setup.k3 if cfg["auto"]["hierarchy"] == "k3" else setup.k2
                 self.pipes["auto"] = Pipeline(self.auto_hierarchy.stages, strategy="auto",
@@ -103,7 +135,10 @@ class Systems:
                 pipe.start()
             if set(HF_SYSTEMS) & set(self.wanted):
                 draft = setup.draft if "hf_assisted" in self.wanted else None
-                self.hf = HFBaseline(setup.target, draft, cfg["hf"]["threads"])
+                # HF generate as a user runs it: torch's kernels unless hf.kernels says otherwise
+                kernels = cfg["hf"].get("kernels") or "torch"
+                self.hf = HFBaseline(*(None if s is None else replace(s, kernels=kernels) for s in (setup.target, draft)),
+                                     cfg["hf"]["threads"])  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -138,12 +173,14 @@ class Systems:
         pipe = self.pipes[key]
 
         def run(prompt, n):
-            options = self.sd if strategy == "sd" else dict(self.pipespec, strategy=strategy)
-            return pipe.generate(prompt, n, **options)
+            options = self.sd[name] if strategy == "sd" else dict(self.pipespec, strategy=strategy)
+            forget, system.forget_next = system.forget_next, False
+            return pipe.generate(prompt, n, forget_outputs=forget, **options)
 
         settings = {"strategy": "greedy"} if strategy == "greedy" else dict(self.pipespec) if strategy == "pipespec" else {}
-        label = (self.setup.k3 if key == "k3" else self.setup.k2).label
-        return System(name, run, lambda: list(zip(pipe.names, pipe.pids)), settings, label, list(pipe.names))
+        label = self.setup.hierarchy_of(name).label
+        system = System(name, run, lambda: list(zip(pipe.names, pipe.pids)), settings, label, list(pipe.names))
+        return system
 
     def _auto(self) -> System:
         """The pipeline runs the configuration auto chose (its defaults): generate with no options."""
@@ -165,6 +202,9 @@ class Systems:
             "pipespec_k3": lambda: self._ours("pipespec_k3", "k3", "pipespec"),
             "auto": self._auto,
         }
+        for name in self.wanted:
+            if per_hierarchy(name) is not None:
+                builders[name] = lambda name=name: self._ours(name, name, per_hierarchy(name)[0])
         return [builders[name]() for name in self.wanted]
 
     # ---- pre-passes ---------------------------------------------------------------------------
@@ -172,18 +212,18 @@ class Systems:
         """sd's (window, draft_confidence) and HF assisted's settings: the fastest on `prompts` (one candidate:
         no pre-pass). HF assisted's candidates include its confidence stop, so sd's do too."""
         out: dict[str, Any] = {"prompts": len(prompts)}
-        if "sd" in self.wanted:
+        for name, sd in self.sd.items():
             candidates = sd_candidates(self.cfg)
             best = 0
             if len(candidates) > 1:
-                pipe, lead = self.pipes["k2"], self.sd["max_lead"]
-                best, rates = prepass("sd (window, draft_confidence)", candidates,
+                pipe, lead = self.pipes["k2" if name == "sd" else name], sd["max_lead"]
+                best, rates = prepass(f"{name} (window, draft_confidence)", candidates,
                                       lambda wc, p, n: pipe.generate(p, n, strategy="sd", lookahead=wc[0], max_lead=lead,
                                                                      draft_confidence=wc[1]),
                                       prompts, max_new)  # fmt: skip
-                out["sd"] = [{"window": w, "draft_confidence": c, "tokens_per_s": r}
+                out[name] = [{"window": w, "draft_confidence": c, "tokens_per_s": r}
                              for (w, c), r in zip(candidates, rates)]  # fmt: skip
-            self.sd["lookahead"], self.sd["draft_confidence"] = candidates[best]
+            sd["lookahead"], sd["draft_confidence"] = candidates[best]
         if "hf_assisted" in self.wanted:
             candidates = list(self.cfg["hf"]["assisted"])
             best = 0
@@ -193,9 +233,9 @@ class Systems:
                 out["hf_assisted"] = [{"settings": c, "tokens_per_s": r} for c, r in zip(candidates, rates)]
             self.assisted = candidates[best]
         for system in systems:
-            if system.name == "sd":
-                system.settings = {"strategy": "sd", "window": self.sd["lookahead"],
-                                   "draft_confidence": self.sd["draft_confidence"],
+            if system.name in self.sd:
+                sd = self.sd[system.name]
+                system.settings = {"strategy": "sd", "window": sd["lookahead"], "draft_confidence": sd["draft_confidence"],
                                    "chosen_from": list(dict.fromkeys(w for w, _ in sd_candidates(self.cfg))),
                                    "draft_confidences_tried": list(dict.fromkeys(c for _, c in sd_candidates(self.cfg)))}
             if system.name == "hf_assisted":

@@ -97,6 +97,8 @@ def alternate(systems: Sequence, prompts: list[list[int]], repetitions: int, max
     bar = tqdm(total=repetitions * len(prompts) * len(systems), desc="bench", unit="run", file=sys.stderr,
                disable=not progress)  # fmt: skip
     for rep in range(repetitions):
+        for system in systems:  # no output of a prompt may be drafted back when the prompt comes again
+            system.forget_next = True
         for index, prompt in enumerate(prompts):
             for system in systems:
                 bar.set_postfix_str(f"rep {rep + 1} {system.name}", refresh=False)

@@ -1,0 +1,60 @@
+"""oneDNN prepacked fp32 linears (pipespec.kernels): the option, its resolution, and exactness on a tiny model."""
+
+import pytest
+
+from pipespec.errors import ConfigError
+from pipespec.models import StageSpec, resolved_kernels
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"kernels": "fast"}, "'kernels' must be one of"),
+        ({"kernels": "onednn", "quantize": "int8-dynamic"}, "cannot apply: quantize int8-dynamic"),
+        ({"kernels": "onednn", "dtype": "bfloat16"}, "cannot apply: dtype bfloat16"),
+    ],
+)
+def test_bad_kernels_option_is_refused_clearly(options, message):
+    with pytest.raises(ConfigError, match=message):
+        StageSpec.from_any({"model": "some/model", **options})
+
+
+def test_auto_means_onednn_where_it_applies_and_the_environment_can_pin_it(monkeypatch):
+    monkeypatch.delenv("PIPESPEC_KERNELS", raising=False)
+    assert resolved_kernels(StageSpec(model="m")) == "onednn"
+    assert resolved_kernels(StageSpec(model="m", quantize="int8-dynamic")) == "torch"
+    assert resolved_kernels(StageSpec(model="m", kernels="torch")) == "torch"
+    assert resolved_kernels(StageSpec(kind="prompt_lookup")) is None
+    monkeypatch.setenv("PIPESPEC_KERNELS", "torch")
+    assert resolved_kernels(StageSpec(model="m")) == "torch"
+    assert resolved_kernels(StageSpec(model="m", kernels="onednn")) == "onednn"  # explicit wins
+    monkeypatch.setenv("PIPESPEC_KERNELS", "fastest")
+    with pytest.raises(ConfigError, match="PIPESPEC_KERNELS must be one of"):
+        resolved_kernels(StageSpec(model="m"))
+
+
+def test_prepacked_model_decodes_and_verifies_like_the_plain_one(tiny_models):
+    """Same greedy tokens as torch's kernels, logits within float rounding, and one pass over a whole
+    continuation (a verification) picks the greedy token at every position."""
+    import torch
+
+    from pipespec.kernels import PrepackedLinear
+    from pipespec.models import CausalLMRunner, load_model
+    from pipespec.profiling import greedy_continuation
+    from pipespec.tiny import random_prompts
+
+    torch.set_num_threads(1)
+    target = tiny_models([])[-1]
+    plain = CausalLMRunner(load_model(StageSpec(model=target, kernels="torch")))
+    packed = CausalLMRunner(load_model(StageSpec(model=target, kernels="onednn")))
+    assert isinstance(packed.model.lm_head, PrepackedLinear)
+    assert not any(type(m) is torch.nn.Linear for m in packed.model.modules())
+    assert not any(isinstance(m, PrepackedLinear) for m in plain.model.modules())
+    for prompt in random_prompts(3, length=10, seed=5):
+        plain.start(), packed.start()
+        torch.testing.assert_close(packed.forward(prompt, [7, 8, 9]), plain.forward(prompt, [7, 8, 9]),
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+        output = greedy_continuation(packed, prompt, 24)
+        assert output == greedy_continuation(plain, prompt, 24)
+        packed.start()
+        assert packed.forward(prompt, output[:-1]).argmax(-1).tolist() == output
