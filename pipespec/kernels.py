@@ -15,8 +15,9 @@ t(n) of both kernels and checks that their greedy outputs are identical on real 
 
 A stage's `kernels` option: "auto" (oneDNN where it applies: CPU, float32, not quantized, a
 torch built with oneDNN; else torch's), "onednn" (an error where it cannot apply) or "torch".
-The environment variable PIPESPEC_KERNELS (torch | onednn) sets what "auto" means, e.g. to
-reproduce runs measured before this option existed.
+The environment variable PIPESPEC_KERNELS=torch makes "auto" mean torch's kernels (e.g. to reproduce
+runs measured before this option existed; the test suite's tiny models, where prepacking is slower);
+unset, "auto" or "onednn", "auto" prepacks where it applies.
 """
 
 from __future__ import annotations
@@ -45,15 +46,14 @@ def resolve(kernels: str, device: str, dtype: str, quantize: str | None) -> str:
     """"onednn" or "torch": what a stage with these options runs; a `ConfigError` for "onednn" that cannot apply."""
     if kernels not in KERNELS:
         raise ConfigError(f"stage option 'kernels' must be one of {list(KERNELS)}, got {kernels!r}")
-    if kernels == "auto":
-        kernels = os.environ.get(KERNELS_ENV) or "auto"
-        if kernels not in KERNELS:
-            raise ConfigError(f"{KERNELS_ENV} must be one of {list(KERNELS)}, got {kernels!r}")
     why_not = obstacle(device, dtype, quantize)
+    if kernels == "auto":
+        pinned = os.environ.get(KERNELS_ENV) or "auto"
+        if pinned not in KERNELS:
+            raise ConfigError(f"{KERNELS_ENV} must be one of {list(KERNELS)}, got {pinned!r}")
+        return "torch" if pinned == "torch" or why_not else "onednn"
     if kernels == "onednn" and why_not:
         raise ConfigError(f"kernels 'onednn' cannot apply to this stage: {why_not}")
-    if kernels == "auto":
-        return "torch" if why_not else "onednn"
     return kernels
 
 

@@ -27,7 +27,7 @@ MODEL_FREE_KINDS = ("prompt_lookup", "suffix")  # drafters without a model: pipe
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = (None, "int8-dynamic", "nf4")
 KERNELS = ("auto", "onednn", "torch")  # fp32 CPU linears: pipespec.kernels
-KERNELS_ENV = "PIPESPEC_KERNELS"  # what "auto" means when set (torch | onednn)
+KERNELS_ENV = "PIPESPEC_KERNELS"  # "torch": "auto" means torch's kernels (pipespec.kernels)
 
 
 @dataclass

@@ -150,7 +150,7 @@ def test_bench_runs_auto_beside_the_fixed_configurations(profile_path, cache, tm
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PIPESPEC_CACHE": str(cache)}
     command = [sys.executable, "-m", "experiments.bench", "models@k2=tiny_k2", "random_prompt_length=12", "samples=2",
                "max_new_tokens=8", "repetitions=2", "warmup_tokens=4", "progress=false", "sd_windows=[2]",
-               "sd_draft_confidences=[0.0]", "systems=[greedy,sd,pipespec_k2,auto]", "auto.hierarchy=k2",
+               "sd_draft_confidences=[0.0]", "systems=[greedy,sd,pipespec_k2,auto]", "hierarchies=[]", "auto.hierarchy=k2",
                f"auto.profile={profile_path}", f"hydra.run.dir={tmp_path}"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

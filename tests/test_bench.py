@@ -33,8 +33,8 @@ TINY = [
 ]
 
 
-def bench(tmp_path, *overrides, timeout=240):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+def bench(tmp_path, *overrides, timeout=240, kernels="torch"):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PIPESPEC_KERNELS=kernels)
     return subprocess.run(
         [sys.executable, "-m", "experiments.bench", *overrides, f"hydra.run.dir={tmp_path}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
@@ -42,7 +42,7 @@ def bench(tmp_path, *overrides, timeout=240):
 
 
 def test_bench_end_to_end_on_tiny_models(tmp_path):
-    done = bench(tmp_path, *TINY)
+    done = bench(tmp_path, *TINY, kernels="auto")  # the default: oneDNN for our stages, torch's for HF
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["name"]: r for r in report["systems"]}

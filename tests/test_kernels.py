@@ -28,6 +28,9 @@ def test_auto_means_onednn_where_it_applies_and_the_environment_can_pin_it(monke
     monkeypatch.setenv("PIPESPEC_KERNELS", "torch")
     assert resolved_kernels(StageSpec(model="m")) == "torch"
     assert resolved_kernels(StageSpec(model="m", kernels="onednn")) == "onednn"  # explicit wins
+    monkeypatch.setenv("PIPESPEC_KERNELS", "onednn")  # the same as auto: an int8 stage keeps its kernels
+    assert resolved_kernels(StageSpec(model="m")) == "onednn"
+    assert resolved_kernels(StageSpec(model="m", quantize="int8-dynamic")) == "torch"
     monkeypatch.setenv("PIPESPEC_KERNELS", "fastest")
     with pytest.raises(ConfigError, match="PIPESPEC_KERNELS must be one of"):
         resolved_kernels(StageSpec(model="m"))

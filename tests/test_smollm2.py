@@ -26,11 +26,15 @@ def test_prepared_directory_is_plain_and_cached():
 
 
 @pytest.mark.parametrize("hierarchy", ["smollm2_pld_int8_fp32", "smollm2_int8_fp32", "smollm2_pld_fp32"])
-def test_named_hierarchy_identical_to_greedy_fp32(hierarchy, humaneval_prompts):
+def test_named_hierarchy_identical_to_greedy_fp32(hierarchy, humaneval_prompts, monkeypatch):
     import torch
 
+    from pipespec.models import resolved_kernels
+
+    monkeypatch.setenv("PIPESPEC_KERNELS", "auto")  # the default kernels (the suite pins torch's for tiny models)
     torch.set_num_threads(1)
     specs = load_hierarchy(hierarchy)
+    assert resolved_kernels(specs[-1]) == "onednn"  # the fp32 target's linears prepacked, in every process
     target = CausalLMRunner(load_model(specs[-1]))
     with Pipeline(specs) as pipe:
         # three prompts for the k = 3 default, two for the others (suite time)
