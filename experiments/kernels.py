@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,26 +27,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 KERNELS_COMPARED = ("torch", "onednn")
-
-
-def interleaved_step_costs(runners: dict, context: list[int], max_fed: int, repeats: int) -> dict[str, list[float]]:
-    """Median seconds of a forward pass of n = 1..max_fed tokens per runner, sweeps alternating between runners."""
-    times = {name: [[] for _ in range(max_fed)] for name in runners}
-    filler = [int(context[-1])] * max_fed
-    for runner in runners.values():
-        runner.start()
-        runner.forward(list(context), [])
-    for sweep in range(repeats + 1):  # the first is a warm-up
-        order = list(runners) if sweep % 2 == 0 else list(reversed(runners))
-        for name in order:
-            runner = runners[name]
-            for n in range(1, max_fed + 1):
-                runner.truncate(len(context) - 1)
-                started = time.perf_counter()
-                runner.forward(list(context), filler[: n - 1])
-                if sweep:
-                    times[name][n - 1].append(time.perf_counter() - started)
-    return {name: [statistics.median(t) for t in per_n] for name, per_n in times.items()}
 
 
 def verifies_like_greedy(runner, prompt: list[int], continuation: list[int]) -> bool:
@@ -65,7 +43,7 @@ def compare(config: dict, max_fed: int, repeats: int, log=print) -> dict:
     from pipespec.hierarchies import resolve_stages
     from pipespec.kernels import obstacle
     from pipespec.models import CausalLMRunner, check_shared_vocabulary, context_length, load_model
-    from pipespec.profiling import greedy_continuation, machine_facts
+    from pipespec.profiling import greedy_continuation, interleaved_step_costs, machine_facts
 
     specs = resolve_stages(config["models"]["stages"])
     tokenizer = check_shared_vocabulary(specs)

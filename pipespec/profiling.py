@@ -96,18 +96,27 @@ def step_costs(runner, context: Sequence[int], max_fed: int, repeats: int) -> li
 
     Each repetition sweeps n = 1..max_fed once (after one untimed sweep), so a slow spell of the
     machine spreads over every n instead of bending the curve at the n it hit."""
-    runner.start()
-    runner.forward(list(context), [])  # the prompt in the cache, its last token fed again below
+    return interleaved_step_costs({None: runner}, context, max_fed, repeats)[None]
+
+
+def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, repeats: int) -> dict:
+    """`step_costs` of several runners at once ({key: runner} -> {key: t(n) list}), their sweeps alternating
+    (in turn, then in reverse order) so that drift of the machine falls on all of them."""
     filler = [int(context[-1])] * max_fed
-    times: list[list[float]] = [[] for _ in range(max_fed)]
+    times = {key: [[] for _ in range(max_fed)] for key in runners}
+    for runner in runners.values():
+        runner.start()
+        runner.forward(list(context), [])  # the prompt in the cache, its last token fed again below
     for sweep in range(repeats + 1):  # the first is a warm-up
-        for n in range(1, max_fed + 1):
-            runner.truncate(len(context) - 1)
-            started = time.perf_counter()
-            runner.forward(list(context), filler[: n - 1])
-            if sweep:
-                times[n - 1].append(time.perf_counter() - started)
-    return [statistics.median(t) for t in times]
+        for key in list(runners) if sweep % 2 == 0 else list(reversed(runners)):
+            runner = runners[key]
+            for n in range(1, max_fed + 1):
+                runner.truncate(len(context) - 1)
+                started = time.perf_counter()
+                runner.forward(list(context), filler[: n - 1])
+                if sweep:
+                    times[key][n - 1].append(time.perf_counter() - started)
+    return {key: [statistics.median(t) for t in per_n] for key, per_n in times.items()}
 
 
 def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:

@@ -130,7 +130,8 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise BenchConfigError(f"prompt_family must be chat, base or null, got {cfg.get('prompt_family')!r}")
     hf = dict(cfg.get("hf") or {})
     _int(hf, "threads", 1)
-    if hf.get("kernels", "torch") not in KERNELS:
+    hf.setdefault("kernels", "torch")  # HF generate as users run it
+    if hf["kernels"] not in KERNELS:
         raise BenchConfigError(f"hf.kernels must be one of {list(KERNELS)}, got {hf.get('kernels')!r}")
     assisted = hf.get("assisted")
     if isinstance(assisted, Mapping):

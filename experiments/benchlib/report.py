@@ -169,6 +169,12 @@ def _rate(results) -> float:
     return sum(len(r.tokens) for r in results) / seconds if seconds > 0 else 0.0
 
 
+def _hierarchy_entry(hierarchy) -> dict[str, Any]:
+    """A hierarchy as the report records it: its name, stage labels and the kernels each stage runs."""
+    return {"name": hierarchy.label, "stages": [s.label for s in hierarchy.stages],
+            "kernels": [resolved_kernels(s) for s in hierarchy.stages]}  # fmt: skip
+
+
 def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=None) -> dict[str, Any]:
     """The report: a row per system (rates over repetitions, identical counts, acceptance, bound), targets, notes."""
     import torch
@@ -266,15 +272,9 @@ def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=No
             "transformers": transformers.__version__,
             "torch_threads_driver": torch.get_num_threads(),
         },
-        "hierarchies": {
-            "k2": {"name": k2.label, "stages": [s.label for s in k2.stages],
-                   "kernels": [resolved_kernels(s) for s in k2.stages]},
-            "k3": {"name": k3.label, "stages": [s.label for s in k3.stages],
-                   "kernels": [resolved_kernels(s) for s in k3.stages]} if k3 else None,
-            **{name: {"name": h.label, "stages": [s.label for s in h.stages],
-                      "kernels": [resolved_kernels(s) for s in h.stages]} for name, h in (more or {}).items()},
-        },
-        "hf_kernels": cfg["hf"].get("kernels") or "torch",
+        "hierarchies": {"k2": _hierarchy_entry(k2), "k3": _hierarchy_entry(k3) if k3 else None,
+                        **{name: _hierarchy_entry(h) for name, h in (more or {}).items()}},
+        "hf_kernels": cfg["hf"]["kernels"],
         "prompts": {"n": len(prompts), "dataset": prompt_source(cfg), "family": family,
                     "lengths": [len(p) for p in prompts]},
         "max_new_tokens": cfg["max_new_tokens"],

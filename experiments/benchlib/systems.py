@@ -135,8 +135,7 @@ class Systems:
                 pipe.start()
             if set(HF_SYSTEMS) & set(self.wanted):
                 draft = setup.draft if "hf_assisted" in self.wanted else None
-                # HF generate as a user runs it: torch's kernels unless hf.kernels says otherwise
-                kernels = cfg["hf"].get("kernels") or "torch"
+                kernels = cfg["hf"]["kernels"]  # HF generate as a user runs it: torch's, by default
                 self.hf = HFBaseline(*(None if s is None else replace(s, kernels=kernels) for s in (setup.target, draft)),
                                      cfg["hf"]["threads"])  # fmt: skip
         except BaseException:
