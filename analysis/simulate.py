@@ -323,24 +323,54 @@ def _mean(values: Sequence[float]) -> float:
 
 
 class _Tokens:
-    """Creates token ids; remembers each id's parent id and position."""
+    """Creates token ids; remembers each id's parent id and position, and which ids stand for the
+    same token (two stages that produced the same token at the same position without seeing each
+    other's: found equal when a commit reaches the stage that produced the other)."""
 
     def __init__(self) -> None:
         self.parent: list[int] = []
         self.position: list[int] = []
+        self.unseen: set[int] = set()  # a verifier's own token made where its drafter had none yet
+        self.alias: dict[int, int] = {}
 
-    def new(self, buffer: list[int]) -> int:
+    def new(self, buffer: list[int], unseen: bool = False) -> int:
         """A fresh token to be appended to ``buffer``."""
         self.parent.append(buffer[-1] if buffer else ROOT)
         self.position.append(len(buffer))
-        return len(self.parent) - 1
+        token = len(self.parent) - 1
+        if unseen:
+            self.unseen.add(token)
+        return token
+
+    def find(self, token: int) -> int:
+        while token in self.alias:
+            token = self.alias[token]
+        return token
+
+    def same(self, a: int, b: int) -> bool:
+        return self.find(a) == self.find(b)
+
+    def merge(self, a: int, b: int) -> None:
+        """Tokens ``a`` and ``b`` (same position, same prefix) turned out to be the same token."""
+        a, b = self.find(a), self.find(b)
+        if a != b:
+            self.alias[b] = a
 
     def holds(self, buffer: list[int], token: int) -> bool:
         """True if ``buffer`` contains ``token`` at its position (hence agrees on the prefix)."""
         if token == ROOT:
             return True
         pos = self.position[token]
-        return pos < len(buffer) and buffer[pos] == token
+        return pos < len(buffer) and self.same(buffer[pos], token)
+
+    def diverging(self, buffer: list[int], last: int) -> list[int]:
+        """The tokens of the sequence ending in ``last`` that ``buffer`` lacks, in order of position."""
+        missing = []
+        token = last
+        while not self.holds(buffer, token):  # walk back to the common prefix
+            missing.append(token)
+            token = self.parent[token]
+        return missing[::-1]
 
     def rebase(self, buffer: list[int], last: int) -> int | None:
         """Make ``buffer`` extend the sequence ending in ``last``; return the first changed position.
@@ -348,22 +378,17 @@ class _Tokens:
         None if ``buffer`` already extends it. Otherwise the tokens after the
         common prefix are replaced by that sequence (in place).
         """
-        if self.holds(buffer, last):
+        missing = self.diverging(buffer, last)
+        if not missing:
             return None
-        missing = []
-        token = last
-        while not self.holds(buffer, token):  # walk back to the common prefix
-            missing.append(token)
-            token = self.parent[token]
-        start = 0 if token == ROOT else self.position[token] + 1
+        start = self.position[missing[0]]
         del buffer[start:]
-        buffer.extend(reversed(missing))
+        buffer.extend(missing)
         return start
 
-
-def _agree_through(a: list[int], b: list[int], length: int) -> bool:
-    """True if buffers ``a`` and ``b`` agree on their first ``length`` tokens."""
-    return length == 0 or (len(a) >= length and len(b) >= length and a[length - 1] == b[length - 1])
+    def agree_through(self, a: list[int], b: list[int], length: int) -> bool:
+        """True if buffers ``a`` and ``b`` agree on their first ``length`` tokens."""
+        return length == 0 or (len(a) >= length and len(b) >= length and self.same(a[length - 1], b[length - 1]))
 
 
 # --------------------------------------------------------------------------- autoregressive
@@ -399,7 +424,7 @@ class _Stage:
     def __init__(self) -> None:
         self.buffer: list[int] = []  # O_i: the tokens this stage currently believes
         self.cached = 0  # tokens of buffer in the KV cache
-        self.epoch = 0  # bumped by every rollback; a step started in an older epoch is discarded
+        self.pending: int | None = None  # the latest commit that arrived during the step in flight
         self.busy = False
         self.busy_time = 0.0
         self.steps = 0
@@ -411,7 +436,6 @@ class _Stage:
         # the step in flight
         self.step_start = 0.0
         self.step_end = 0.0
-        self.step_epoch = 0
         self.step_drafts: list[int] = []
         self.step_proposal = 1  # tokens the first stage's step appends (a model-free proposal: several)
         self.kinds: list[int] = []  # drafts offered per applied step of a verifier (0: a single step)
@@ -615,9 +639,10 @@ def _simulate_schedule(
 
     A step feeds the stage's uncached tokens plus the drafts it verifies. After a step a stage whose
     role commits its own steps (and the target) sends its buffer upstream; a stage receiving a commit
-    adopts it (a rollback where they differ: its KV cache is cropped and a step in flight is
-    discarded when it completes), records its length as the next stage's last commit, and forwards
-    it upstream, each hop taking ``rollback_delay`` seconds.
+    adopts it between steps, as the engine does: one that arrives during a step is adopted when the
+    step ends, after the step's tokens joined the buffer, so the step survives where the commit agrees
+    with it (a rollback where they differ: its KV cache is cropped). It records the commit's length
+    as the next stage's last commit and forwards it upstream, each hop taking ``rollback_delay`` seconds.
     """
     costs = [c if isinstance(c, RecordedSteps) else _as_cost(c) for c in costs]
     if len(costs) < 2:
@@ -670,7 +695,7 @@ def _simulate_schedule(
             return []
         upstream, own = stages[i - 1].buffer, stages[i].buffer
         committed = len(own)
-        if not (len(upstream) > committed and _agree_through(upstream, own, committed)):
+        if not (len(upstream) > committed and tokens.agree_through(upstream, own, committed)):
             return []
         end = len(upstream) if verify_window is None else min(len(upstream), committed + verify_window)
         return upstream[committed : min(end, committed + max(budget - committed - 1, 0))]
@@ -704,13 +729,31 @@ def _simulate_schedule(
                   and rng.random() >= supply[j])  # fmt: skip
 
     def apply_commit(j: int, token: int, now: float) -> None:
+        """A commit reaches stage j. Like the engine, a stage reads its messages between steps: one
+        arriving during a step waits for the step's end (the latest commit carries the whole buffer)."""
+        if stages[j].busy:
+            stages[j].pending = token
+        else:
+            adopt(j, token, now)
+
+    def adopt(j: int, token: int, now: float, produced_from: int | None = None) -> None:
+        """Stage j follows the commit ending in ``token`` (``pipespec.stage.StageRequest.adopt``).
+        ``produced_from``: where the step that just ended started appending, if one did."""
         stage = stages[j]
         committed_below[j] = tokens.position[token] + 1
+        for theirs in tokens.diverging(stage.buffer, token):
+            # a verifier's own token made before our token at its position existed: equal or not, by the
+            # pair's agreement (the engine compares token ids); a rejection's replacement always differs
+            position = tokens.position[theirs]
+            if position >= len(stage.buffer) or theirs not in tokens.unseen or not samplers[j].agrees():
+                break
+            tokens.merge(stage.buffer[position], theirs)
         changed = tokens.rebase(stage.buffer, token)
         look_again(j)  # a commit arrived: a prompt lookup looks for a match again
         if changed is not None:
             stage.cached = min(stage.cached, changed)
-            stage.epoch += 1  # the step in flight (if any) worked on a stale context
+            if produced_from is not None and changed <= produced_from:
+                stage.discarded += 1  # nothing the step produced survives
         send_upstream(j, token, now)  # the engine forwards every commit it receives
 
     def try_start(i: int, now: float) -> None:
@@ -726,7 +769,6 @@ def _simulate_schedule(
         stage.busy = True
         stage.step_start = now
         stage.step_end = now + step_time(i, len(stage.buffer) - stage.cached + len(drafts))
-        stage.step_epoch = stage.epoch
         stage.step_drafts = drafts
         if contention is not None:
             work_left[i] = stage.step_end - now  # scheduled by share_cores once everyone's state is known
@@ -767,28 +809,36 @@ def _simulate_schedule(
         stage.busy = False
         stage.steps += 1
         stage.busy_time += now - stage.step_start
-        if stage.step_epoch != stage.epoch:
-            stage.discarded += 1  # a rollback arrived while computing: the result is stale
-            return False
+        produced_from = len(stage.buffer)
         if i == 0:  # a model drafts one token a step; a model-free drafter proposes a run of them at once
             stage.cached = len(stage.buffer)
             for _ in range(stage.step_proposal):
                 stage.buffer.append(tokens.new(stage.buffer))
-            return False
+        else:
+            verify_step(i, now)
+        if stage.pending is not None:
+            token, stage.pending = stage.pending, None
+            adopt(i, token, now, produced_from)
+        return i == last and len(stage.buffer) >= max_new_tokens
+
+    def verify_step(i: int, now: float) -> None:
+        """Verifier i's step ends: accepted drafts and its own token join its buffer."""
+        stage = stages[i]
         drafts = stage.step_drafts
         sampler = samplers[i - 1]
         accepted = sampler.verify(len(drafts)) if drafts else 0
         stage.buffer.extend(drafts[:accepted])
         stage.cached = len(stage.buffer)  # own uncached tokens and accepted drafts are now cached
         own = None
+        upstream = stages[i - 1].buffer
+        position = len(stage.buffer)
         if accepted == len(drafts):
             # bonus or single-token step: the drafter may already hold a token at this position
-            upstream = stages[i - 1].buffer
-            position = len(stage.buffer)
-            if (len(upstream) > position and _agree_through(upstream, stage.buffer, position)
+            if (len(upstream) > position and tokens.agree_through(upstream, stage.buffer, position)
                     and sampler.agrees()):  # fmt: skip
                 own = upstream[position]  # same token: the drafter keeps its continuation
-        stage.buffer.append(own if own is not None else tokens.new(stage.buffer))
+        unseen = accepted == len(drafts) and len(upstream) <= position
+        stage.buffer.append(own if own is not None else tokens.new(stage.buffer, unseen))
         if drafts:
             stage.verifications += 1
             stage.accepted.append(accepted + 1)
@@ -797,7 +847,6 @@ def _simulate_schedule(
         stage.kinds.append(len(drafts))
         if stage_roles[i].commits_own_steps or i == last:
             send_upstream(i, stage.buffer[-1], now)
-        return i == last and len(stage.buffer) >= max_new_tokens
 
     for j in range(len(stages)):
         look_again(j)

@@ -158,6 +158,17 @@ def test_three_stage_pipeline_with_delay_and_costs():
         assert result.tokens_per_second > ar.tokens_per_second
 
 
+def test_commit_during_a_step_is_adopted_after_it_as_the_engine_does():
+    # a drafter slower than its target: each of the target's one-token commits arrives while the drafter
+    # is still computing that position. The engine finishes the step and keeps it where the tokens agree
+    # (StageRequest.adopt): with agreement certain no drafter step is wasted, with none every one is.
+    costs = [sim.StageCost(0.15), sim.StageCost(0.1)]
+    agree = sim.simulate_pipespec(costs, [1.0], 300, seed=0)
+    assert agree.steps[0] > 150 and agree.discarded_steps == (0, 0)
+    disagree = sim.simulate_pipespec(costs, [0.0], 300, seed=0)
+    assert disagree.discarded_steps[0] == disagree.steps[0]
+
+
 def test_lookahead_is_a_minimum_offer():
     result = sim.simulate_pipespec([0.02, 0.1], [0.8], 2000, lookahead=3, max_lead=8, seed=5)
     assert min(result.offered_counts[0]) >= 3
