@@ -76,7 +76,7 @@ import numpy as np
 from analysis.import_official import estimate_alpha
 from pipespec.protocol import Role
 from pipespec.schedule import (
-    DEFAULT_MAX_LEAD, FINISH, IDLE, PROPOSE, STEP, Action, StageView, next_action, roles, step_cost,
+    DEFAULT_MAX_LEAD, FINISH, IDLE, PROPOSE, STEP, TAKE, Action, StageView, next_action, roles, step_cost,
 )  # fmt: skip
 
 __all__ = [
@@ -564,6 +564,7 @@ def simulate_pipespec(
     supply: Sequence[float | None] | None = None,
     end_at_budget: bool = False,
     size_verification: bool = False,
+    cascade: bool = False,
 ) -> SimResult:
     """Asynchronous k-stage PipeSpec pipeline: the engine's ``pipespec`` roles.
 
@@ -597,7 +598,7 @@ def simulate_pipespec(
     return _simulate_schedule(
         "pipespec", costs, acceptances, max_new_tokens, lookahead=lookahead, max_lead=max_lead,
         verify_window=verify_window, rollback_delay=rollback_delay, seed=seed, contention=contention,
-        supply=supply, end_at_budget=end_at_budget, size_verification=size_verification,
+        supply=supply, end_at_budget=end_at_budget, size_verification=size_verification, cascade=cascade,
     )  # fmt: skip
 
 
@@ -633,6 +634,7 @@ def _simulate_schedule(
     supply: Sequence[float | None] | None = None,
     end_at_budget: bool = False,
     size_verification: bool = False,
+    cascade: bool = False,
 ) -> SimResult:
     """Every stage runs the engine's loop: after each event, each idle stage asks
     ``pipespec.schedule.next_action`` (its role from ``pipespec.schedule.roles``) what to do next.
@@ -658,7 +660,8 @@ def _simulate_schedule(
         if len(contention) != len(costs) or not all(c is None or (math.isfinite(c) and c >= 0) for c in contention):
             raise ValueError(f"contention needs one value >= 0 or None per stage ({len(costs)}), got {contention!r}")
     supply = _check_supply(supply, len(costs))
-    stage_roles = roles(strategy, len(costs), lookahead, max_lead, size_verification=size_verification)
+    stage_roles = roles(strategy, len(costs), lookahead, max_lead, size_verification=size_verification,
+                        cascade=cascade)  # fmt: skip
     # what a sizing verifier knows: its t(n) and its drafter's acceptance by position (here, the true ones)
     sizing = [((), ())] + [
         (tuple(_cost_table(costs[i])), _rates(acceptances[i - 1])) if size_verification else ((), ())
@@ -673,6 +676,7 @@ def _simulate_schedule(
     rate = [0.0] * len(costs)  # and the speed it progresses at now
     version = [0] * len(costs)  # bumped when a step is rescheduled; older completion events are ignored
     clock = [0.0]  # when work_left was last brought up to date
+    took = [False]  # a cascade passed drafts on during this pass of start_all
 
     rng = np.random.default_rng(seed)
     samplers = [spec.sampler(rng) for spec in acceptances]
@@ -762,6 +766,11 @@ def _simulate_schedule(
             return
         drafts = drafts_of(i)
         action = decide(i, len(drafts))
+        if action.kind == TAKE:  # a cascade passes the proposal on at no cost, then decides again
+            stage.buffer.extend(drafts[: action.n])
+            took[0] = True
+            try_start(i, now)
+            return
         if action.kind not in (STEP, PROPOSE):
             return
         drafts = drafts[: action.n]
@@ -798,8 +807,11 @@ def _simulate_schedule(
                 schedule(stage.step_end, j, step_done - version[j])
 
     def start_all(now: float) -> None:
-        for j in range(last, -1, -1):  # downstream first: verifiers read their drafter's state as of now
-            try_start(j, now)
+        took[0] = True
+        while took[0]:  # again after a pass-through: the stages downstream of it have new drafts
+            took[0] = False
+            for j in range(last, -1, -1):  # downstream first: verifiers read their drafter's state as of now
+                try_start(j, now)
         if contention is not None:
             share_cores(now)
 

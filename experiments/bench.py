@@ -1,6 +1,7 @@
 """HF `generate` vs pipespec on the same models, prompts and machine, in one invocation (issue 7).
 
-    python -m experiments.bench                           # pipespec/conf/bench.yaml
+    python -m experiments.bench                           # pipespec/conf/bench.yaml: HumanEval, then news_lee
+    python -m experiments.bench dataset=humaneval         # one dataset (any dataset override means one)
     python -m experiments.bench samples=2 max_new_tokens=32 repetitions=1
     python -m experiments.bench models@k2=tiny_k2 models@k3=tiny_k3 random_prompt_length=12
 
@@ -99,6 +100,30 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     return report
 
 
+def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The whole benchmark once per dataset of `datasets` (each into out_dir/NAME, with its own
+    `targets_by_dataset` on top of `targets`), or once on the composed `dataset` when it is null."""
+    from experiments.benchlib.config import check_datasets
+    from pipespec.conf import load
+
+    names = check_datasets(cfg)
+    if not names:
+        return [(prompt_name(cfg), run_bench(cfg, out_dir))]
+    reports = []
+    for name in names:
+        targets = {**(cfg.get("targets") or {}), **((cfg.get("targets_by_dataset") or {}).get(name) or {})}
+        one = {**cfg, "dataset": load("dataset", name), "datasets": None, "targets": targets}
+        print(f"[bench] dataset {name} -> {out_dir / name}", file=sys.stderr)
+        reports.append((name, run_bench(one, out_dir / name)))
+    summary = "\n\n".join(f"<!-- {name}: {out_dir / name / 'bench.md'} -->\n" + format_markdown(r) for name, r in reports)
+    (out_dir / "bench.md").write_text(summary + "\n")
+    return reports
+
+
+def prompt_name(cfg: Mapping[str, Any]) -> str:
+    return "random" if cfg.get("random_prompt_length") else str((cfg.get("dataset") or {}).get("name"))
+
+
 def _fail(error: BaseException) -> None:
     print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
     sys.exit(2)
@@ -114,11 +139,21 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
-        report = run_bench(plain, out_dir)
+        reports = run_datasets(plain, out_dir)
     except (ConfigError, StageError, DataError) as error:
         _fail(error)
-    print(format_markdown(report))
-    print(f"[bench] wrote {out_dir / 'bench.json'}, {out_dir / 'bench.md'}", file=sys.stderr)
+    for name, report in reports:
+        print(format_markdown(report))
+        where = out_dir / name if len(reports) > 1 else out_dir
+        print(f"[bench] wrote {where / 'bench.json'}, {where / 'bench.md'}", file=sys.stderr)
+
+
+def single_dataset_argv(argv: list[str]) -> list[str]:
+    """`dataset=NAME` or `dataset.KEY=...` on the command line (and no `datasets=`) means that one dataset."""
+    keys = [a.lstrip("+~").partition("=")[0] for a in argv]
+    if any(k == "dataset" or k.startswith("dataset.") for k in keys) and "datasets" not in keys:
+        return argv + ["datasets=null"]
+    return argv
 
 
 def entry() -> None:
@@ -126,6 +161,7 @@ def entry() -> None:
         check_group_overrides(sys.argv[1:])
     except ConfigError as error:
         _fail(error)
+    sys.argv[1:] = single_dataset_argv(sys.argv[1:])
     main()
 
 

@@ -51,6 +51,7 @@ from pipespec.launch import (
     unguarded_main_message,
 )
 from pipespec.models import (
+    MODEL_FREE_KINDS,
     assign_devices,
     StageSpec,
     check_shared_vocabulary,
@@ -58,7 +59,7 @@ from pipespec.models import (
     eos_token_ids,
 )
 from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
-from pipespec.schedule import DEFAULT_MAX_LEAD, check_flag, check_options, roles
+from pipespec.schedule import DEFAULT_MAX_LEAD, check_cascade, check_flag, check_options, roles
 from pipespec.trace import StageTrace, format_summary, summarize
 from pipespec.verify import check_acceptance, check_sampling
 
@@ -147,6 +148,7 @@ class Pipeline:
         *,
         draft_confidence: float = 0.0,
         size_verification: bool = False,
+        cascade: bool = False,
         start_timeout_s: float = 600.0,
         stall_timeout_s: float = 30.0,
         launch: str | None = None,
@@ -183,6 +185,7 @@ class Pipeline:
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
         self.draft_confidence = draft_confidence
         self.size_verification = check_flag("size_verification", size_verification)
+        self.cascade = self._check_cascade(strategy, cascade)
         sampling = check_sampling(temperature, top_k, top_p, 0 if seed is None else seed)
         check_acceptance(acceptance, synthetic_rates, len(self.specs), sampling)
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
@@ -459,9 +462,17 @@ class Pipeline:
             self._call_owner = owner
             self._calls.release()
 
+    def _check_cascade(self, strategy: str, cascade) -> bool:
+        """`cascade` needs pipespec, >= 3 stages and a model-free first stage (its proposals are passed on)."""
+        check_cascade(strategy, len(self.specs), cascade)
+        if cascade and self.specs[0].kind not in MODEL_FREE_KINDS:
+            raise ConfigError(f"cascade needs a model-free first stage ({' or '.join(MODEL_FREE_KINDS)}), "
+                              f"got {self.specs[0].label}")  # fmt: skip
+        return cascade
+
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **options) -> GenerationResult:
         """Generate up to `max_new_tokens` after `prompt`; `options` (strategy, lookahead, max_lead,
-        draft_confidence, size_verification, timeout_s, sampling, acceptance) left None take the
+        draft_confidence, size_verification, cascade, timeout_s, sampling, acceptance) left None take the
         pipeline's defaults.
 
         Safe from several threads: calls are served one at a time, each exactly as if it were alone
@@ -491,6 +502,7 @@ class Pipeline:
         max_lead: int | None = None,
         draft_confidence: float | None = None,
         size_verification: bool | None = None,
+        cascade: bool | None = None,
         timeout_s: float | None = None,
         faults=None,
         temperature: float | None = None,
@@ -515,6 +527,7 @@ class Pipeline:
         stage_roles = roles(
             strategy, len(self.specs), lookahead, max_lead, pick(draft_confidence, self.draft_confidence),
             pick(size_verification, self.size_verification),  # roles() checks it is a bool
+            self._check_cascade(strategy, pick(cascade, self.cascade and strategy == "pipespec")),  # a default for pipespec
         )
         seed = pick(seed, self.seed)
         sampling = check_sampling(

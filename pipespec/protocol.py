@@ -36,6 +36,7 @@ class Role:
     commits_own_steps: bool = False  # tell the previous stage after each own step (else only forward commits)
     stop_below: float = 0.0  # stop drafting once the lead's own probability falls below this (0 = off)
     size_verification: bool = False  # a verifier checks only as many drafts as pay for their step cost
+    takes_drafts: bool = False  # cascade: passes its model-free drafter's proposals on unverified, steps on misses
 
 
 @dataclass

@@ -347,6 +347,7 @@ def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]
         "max_lead": strategy.get("max_lead"),
         "draft_confidence": strategy.get("draft_confidence", 0.0),
         "size_verification": strategy.get("size_verification", False),
+        "cascade": strategy.get("cascade", False),
         "acceptance": acceptance_mode(config),
         "lossless": acceptance_mode(config) == "exact",
         "sampling": config.get("sampling"),

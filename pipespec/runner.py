@@ -201,6 +201,7 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
         max_lead=strategy.get("max_lead", DEFAULT_MAX_LEAD),
         draft_confidence=strategy.get("draft_confidence", 0.0),
         size_verification=strategy.get("size_verification", False),
+        cascade=strategy.get("cascade", False),
         stall_timeout_s=options.get("stall_timeout_s", 30),
         start_timeout_s=options.get("start_timeout_s", 600),
         temperature=sampling.get("temperature", 0.0),

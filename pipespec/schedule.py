@@ -20,6 +20,13 @@ decides, per stage, when to step:
   one-token step when there are none. Every verifier commits upstream after
   each step, so rejections cascade to the first stage.
 
+`cascade` (pipespec, a model-free first stage and at least three stages; after
+CS Drafting's cascade): the stage behind the model-free drafter passes every
+proposal on as its own drafts without a forward pass (TAKE), and drafts with its
+model only where the model-free stage has nothing (it waits for that answer, one
+message hop, while one is coming). The target still verifies every token, so
+the output is unchanged; the model drafter's steps go only to the misses.
+
 `draft_confidence` (sd and pipespec; 0 = off) also stops a drafter early: once
 the product of its own probabilities of the tokens it holds beyond the next
 stage's last commit (the chance, by its own reckoning, that all of them
@@ -58,13 +65,23 @@ def check_flag(name: str, value) -> bool:
     return value
 
 
+def check_cascade(strategy: str, n_stages: int, cascade) -> bool:
+    if check_flag("cascade", cascade) and (strategy != "pipespec" or n_stages < 3):
+        raise ConfigError(f"cascade needs strategy pipespec and at least 3 stages (a model-free drafter, a model "
+                          f"drafter, the target), got strategy {strategy!r} with {n_stages} stage(s)")  # fmt: skip
+    return cascade
+
+
 def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0,
-          size_verification: bool = False) -> list[Role]:  # fmt: skip
+          size_verification: bool = False, cascade: bool = False) -> list[Role]:  # fmt: skip
     """One Role per stage, smallest first, target last. `size_verification`: every verifier checks
-    only as many of the offered drafts as pay for their step cost (`verify_size`)."""
+    only as many of the offered drafts as pay for their step cost (`verify_size`). `cascade`: the
+    second stage takes the first (model-free) stage's proposals unverified and drafts only on misses
+    (the caller checks that the first stage is model-free)."""
     check_options(strategy, n_stages, lookahead, max_lead, draft_confidence)
     stop = float(draft_confidence)
     sized = check_flag("size_verification", size_verification)
+    check_cascade(strategy, n_stages, cascade)
     last = n_stages - 1
     if strategy == "greedy":
         return [Role()] * last + [Role(active=True, is_target=True, commits_own_steps=True)]
@@ -79,12 +96,16 @@ def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_con
                       stop_below=stop, size_verification=sized)  # fmt: skip
         target = Role(active=True, has_upstream=True, is_target=True, min_lead=lookahead, commits_own_steps=True,
                       size_verification=sized)  # fmt: skip
-    return [first] + [middle] * (n_stages - 2) + [target]
+    middles = [middle] * (n_stages - 2)
+    if cascade:  # waits for the model-free answer (min_lead None) and passes proposals on (TAKE)
+        middles[0] = Role(active=True, has_upstream=True, max_lead=lead, commits_own_steps=True, stop_below=stop,
+                          takes_drafts=True)  # fmt: skip
+    return [first] + middles + [target]
 
 
 # ---- the one schedule decision (the stage loop and the simulator both call it) ----------------
 
-FINISH, IDLE, WAIT, PROPOSE, STEP = "finish", "idle", "wait", "propose", "step"
+FINISH, IDLE, WAIT, PROPOSE, STEP, TAKE = "finish", "idle", "wait", "propose", "step", "take"
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,7 @@ class StageView:
 @dataclass(frozen=True)
 class Action:
     kind: str  # FINISH | IDLE (wait for a commit) | WAIT (for drafts) | PROPOSE (up to `n`) | STEP (verify `n`)
+    #            | TAKE (append the first `n` drafts unverified: a cascade's pass-through)
     n: int = 0
 
 
@@ -132,6 +154,8 @@ def next_action(role: Role, view: StageView) -> Action:
         return Action(IDLE)
     if view.model_free:
         return Action(PROPOSE, min(view.room - 1, role.max_lead - view.lead))
+    if role.takes_drafts and view.drafts:
+        return Action(TAKE, min(view.drafts, role.max_lead - view.lead))
     if role.has_upstream and view.upstream_more and view.drafts < drafts_wanted(role, view.room):
         return Action(WAIT)
     if role.size_verification and view.drafts and view.step_costs and view.acceptance:

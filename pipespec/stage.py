@@ -259,8 +259,8 @@ class StageRequest:
         if action.kind == schedule.PROPOSE:
             proposal = self.engine.lookup.propose(self.job.prompt_ids + self.out, action.n)
             return (schedule.PROPOSE, proposal) if proposal else (schedule.IDLE, None)
-        if action.kind == schedule.STEP:  # a sizing verifier may check only the first action.n drafts
-            return schedule.STEP, (drafts[: action.n], dists[: action.n] if dists is not None else None)
+        if action.kind in (schedule.STEP, schedule.TAKE):  # a sizing verifier may check only the first action.n
+            return action.kind, (drafts[: action.n], dists[: action.n] if dists is not None else None)
         return action.kind, None
 
     def step(self, kind: str, payload) -> None:
@@ -272,6 +272,10 @@ class StageRequest:
             self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(payload))
             return
         drafts, draft_dists = payload
+        if kind == schedule.TAKE:  # a cascade passes its model-free drafter's proposal on: no forward pass
+            self.extend(drafts, draft_dists)
+            self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(drafts))
+            return
         sequence = self.job.prompt_ids + self.out
         step = model_step(
             self.engine.runner, sequence, drafts, draft_dists, self.rule, with_confidence=self.role.stop_below > 0,
@@ -320,7 +324,9 @@ class StageRequest:
             steps += 1
             self.maybe_inject_fault(steps)
             self.publish(more_coming=True)
-            if self.upstream_rank is not None and (self.role.is_target or self.role.commits_own_steps):
+            if self.upstream_rank is not None and kind != schedule.TAKE and (
+                self.role.is_target or self.role.commits_own_steps
+            ):  # a taken proposal is the drafter's own: nothing to tell it
                 self.commit_upstream()
         self.trace.end_time = time.perf_counter()
         if self.role.is_target:

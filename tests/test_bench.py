@@ -14,6 +14,7 @@ from pipespec.trace import StageTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ["hf_greedy", "hf_assisted", "hf_prompt_lookup", "greedy", "sd", "pipespec_k2", "pipespec_k3"]
+CASCADE = "pipespec@tiny_pld_k3"  # listed in `systems`, with its own settings in `system_options`
 MORE = ["sd@tiny_k2", "pipespec@tiny_k2"]  # `hierarchies`: each in a pipeline of its own
 TINY = [
     "random_prompt_length=12",
@@ -23,8 +24,9 @@ TINY = [
     "warmup_tokens=4",
     "prepass_prompts=1",
     "progress=false",
-    "systems=[" + ",".join(SYSTEMS) + "]",  # auto has its own test (tests/test_auto.py)
+    "systems=[" + ",".join(SYSTEMS + [CASCADE]) + "]",  # auto has its own test (tests/test_auto.py)
     "hierarchies=[tiny_k2]",
+    'system_options=[{system:"pipespec@tiny_k2",lookahead:1},{system:"pipespec@tiny_pld_k3",cascade:true}]',
     "models@k2=tiny_k2",
     "k3.name=tiny_pld_k3",
     'k3.stages=[{kind:prompt_lookup,ngram_size:3,max_proposal:8},{model:"tiny:draft_noise0.05"},{model:"tiny:target"}]',
@@ -46,7 +48,9 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["name"]: r for r in report["systems"]}
-    assert list(rows) == SYSTEMS + MORE
+    assert list(rows) == SYSTEMS + [CASCADE] + MORE
+    assert rows["pipespec@tiny_k2"]["settings"]["lookahead"] == 1 and rows["pipespec_k2"]["settings"]["lookahead"] == 0
+    assert rows[CASCADE]["settings"]["cascade"] is True and not rows["pipespec_k3"]["settings"]["cascade"]
     assert rows["pipespec@tiny_k2"]["hierarchy"] == "tiny_k2" and rows["sd@tiny_k2"]["settings"]["window"] in (2, 3)
     assert [p["window"] for p in report["prepass"]["sd@tiny_k2"]] == [2, 3, 2, 3]
     assert report["hierarchies"]["k2"]["kernels"] == ["onednn", "onednn"] and report["hf_kernels"] == "torch"
@@ -59,7 +63,7 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
         assert r["ratio_vs_hf_greedy"] is not None and r["ratio_vs_hf_assisted"] is not None
     assert rows["hf_greedy"]["ratio_vs_hf_greedy"] == pytest.approx(1.0)
     assert len(rows["pipespec_k3"]["peak_rss_mb"]) == 3 and len(rows["hf_greedy"]["peak_rss_mb"]) == 1
-    for name in ("greedy", "sd", "pipespec_k2", "pipespec_k3", *MORE):
+    for name in ("greedy", "sd", "pipespec_k2", "pipespec_k3", CASCADE, *MORE):
         r = rows[name]
         assert r["ideal_bound_tokens_per_s"] > 0 and 0 < r["target_busy_fraction"] <= 1
         assert r["breakdown"]["stages"][-1]["compute_ms_per_token"] > 0
@@ -74,7 +78,7 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
     cpu = report["machine"]["cpu"]  # a VM's CPU name alone hides generations that measure 2x apart
     assert cpu["name"] and cpu["torch_capability"] and f"machine: {cpu['name']} (family {cpu['family']}" in table
     assert "| system | tok/s median |" in table and "## Where the time goes" in table
-    assert all(f"| {name} |" in table for name in SYSTEMS + MORE)
+    assert all(f"| {name} |" in table for name in SYSTEMS + [CASCADE] + MORE)
     assert "kernels: tiny_k2 onednn/onednn;" in table and "HF systems torch" in table
     assert "| system | tok/s median |" in done.stdout  # printed too
     # the bench composes the runner's group files (no copies of their settings)
@@ -82,7 +86,7 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
     assert report["config"]["k2"] == load_conf("models", "tiny_k2")
     assert "| mean acceptance length | draft acceptance rate |" in table
     runs = json.loads((tmp_path / "runs.json").read_text())
-    assert len(runs) == 9 * 4 and all("stage_traces" in r for r in runs if r["system"] == "pipespec_k3")
+    assert len(runs) == 10 * 4 and all("stage_traces" in r for r in runs if r["system"] == "pipespec_k3")
 
 
 @pytest.mark.parametrize(
@@ -95,6 +99,10 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
         ("systems=[greedy,beam@tiny_k2]", "unknown system(s) ['beam@tiny_k2']"),
         ("hierarchies=[smollm2_pld_fp32]", "hierarchy smollm2_pld_fp32 must end in k2's target"),
         ('k3.stages=[{kind:suffix},{model:"tiny:target"}]', "has a suffix stage: list it under `hierarchies`"),
+        ("system_options=[{system:greedy,lookahead:1}]", "system_options: 'greedy' is not a pipespec system"),
+        ('system_options=[{system:"pipespec@tiny_k2",window:1}]', "system_options.pipespec@tiny_k2: expected settings"),
+        ('system_options=[{system:"pipespec@tiny_k2",cascade:true}]', "cascade needs strategy pipespec and at least 3"),
+        ("prompt_offset=-1", "prompt_offset must be an integer >= 0"),
     ],
 )
 def test_bad_config_is_a_one_line_error(tmp_path, override, message):
@@ -139,3 +147,41 @@ def test_ideal_bound_and_breakdown_arithmetic():
     assert out["stages"][0]["ideal_limit_tokens_per_s"] == pytest.approx(13 / 0.12)
     # headline acceptance (pipespec.stats): 2 accepted + 1 bonus per verification, every offered draft kept
     assert target["mean_acceptance_length"] == 3 and target["draft_acceptance_rate"] == 1.0
+
+
+def test_datasets_run_one_bench_each_with_their_own_targets(tmp_path, monkeypatch):
+    """The default covers HumanEval and news_lee in one invocation, each into a folder of its own."""
+    from experiments import bench as entry
+
+    seen = []
+    monkeypatch.setattr(entry, "run_bench", lambda cfg, out: seen.append((cfg, out)) or {"name": cfg["dataset"]["name"]})
+    monkeypatch.setattr(entry, "format_markdown", lambda report: f"# {report['name']}")
+    cfg = {"datasets": ["humaneval", "news_lee_cnndm"],
+           "targets": {"best_speculative_vs_hf_greedy": 1.6, "best_pipespec_vs_best_sd": 1.0},
+           "targets_by_dataset": {"news_lee_cnndm": {"best_speculative_vs_hf_greedy": 1.3}}}
+    reports = entry.run_datasets(cfg, tmp_path)
+    assert [name for name, _ in reports] == ["humaneval", "news_lee_cnndm"]
+    assert [out for _, out in seen] == [tmp_path / "humaneval", tmp_path / "news_lee_cnndm"]
+    assert [c["dataset"] for c, _ in seen] == [load_conf("dataset", "humaneval"), load_conf("dataset", "news_lee_cnndm")]
+    assert [c["targets"]["best_speculative_vs_hf_greedy"] for c, _ in seen] == [1.6, 1.3]
+    assert all(c["targets"]["best_pipespec_vs_best_sd"] == 1.0 and c["datasets"] is None for c, _ in seen)
+    assert "# humaneval" in (tmp_path / "bench.md").read_text() and "# news_lee_cnndm" in (tmp_path / "bench.md").read_text()
+    # any dataset override on the command line means that one dataset
+    assert entry.single_dataset_argv(["dataset=humaneval", "samples=2"])[-1] == "datasets=null"
+    assert entry.single_dataset_argv(["dataset.ids=[HumanEval/3]"])[-1] == "datasets=null"
+    assert entry.single_dataset_argv(["samples=2"]) == ["samples=2"]
+    assert entry.single_dataset_argv(["dataset=humaneval", "datasets=[humaneval]"])[-1] == "datasets=[humaneval]"
+    with pytest.raises(Exception, match="unknown dataset"):
+        entry.run_datasets({"datasets": ["humaneval", "nowhere"]}, tmp_path)
+
+
+def test_prompt_offset_skips_the_first_prompts():
+    from experiments.benchlib.config import BenchConfigError, load_prompts
+    from pipespec.tiny import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    cfg = {"samples": 5, "max_new_tokens": 8, "dataset": load_conf("dataset", "humaneval")}
+    first = load_prompts(cfg, tokenizer, None, "base")
+    assert load_prompts({**cfg, "samples": 2, "prompt_offset": 3}, tokenizer, None, "base") == first[3:5]
+    with pytest.raises(BenchConfigError, match="prompt_offset=163 \\+ samples=5"):
+        load_prompts({**cfg, "prompt_offset": 163}, tokenizer, None, "base")

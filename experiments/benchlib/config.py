@@ -90,13 +90,69 @@ def sd_candidates(cfg: Mapping) -> list[tuple[int, float]]:
     return [(w, c) for c in stops for w in windows]
 
 
+SYSTEM_OPTIONS = ("lookahead", "max_lead", "draft_confidence", "size_verification", "cascade")
+
+
+def is_pipespec(system: str) -> bool:
+    return system in ("pipespec_k2", "pipespec_k3") or system.startswith("pipespec@")
+
+
+def check_system_options(cfg: Mapping, systems: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`system_options`: per pipespec system, strategy settings over `pipespec`'s (e.g. a lookahead of its own)."""
+    from pipespec.schedule import check_cascade
+
+    given = cfg.get("system_options") or []
+    if not isinstance(given, (list, tuple)) or not all(isinstance(e, Mapping) and "system" in e for e in given):
+        raise BenchConfigError(f"system_options must be a list of {{system: NAME, SETTING: VALUE, ...}}, got {given!r}")
+    out = {}
+    for entry in given:
+        system, settings = entry["system"], {k: v for k, v in entry.items() if k != "system"}
+        if system in out:
+            raise BenchConfigError(f"system_options lists {system!r} twice")
+        if not isinstance(system, str) or not is_pipespec(system):
+            raise BenchConfigError(f"system_options: {system!r} is not a pipespec system (pipespec_k2, pipespec_k3 "
+                                   f"or pipespec@HIERARCHY)")  # fmt: skip
+        if system not in systems:
+            continue  # the defaults name systems a bench may leave out
+        if not isinstance(settings, Mapping) or set(settings) - set(SYSTEM_OPTIONS):
+            raise BenchConfigError(f"system_options.{system}: expected settings among {list(SYSTEM_OPTIONS)}, "
+                                   f"got {settings!r}")  # fmt: skip
+        merged = {**cfg["pipespec"], **settings}
+        try:
+            check_options("pipespec", 3, merged.get("lookahead", 0), merged.get("max_lead"),
+                          merged.get("draft_confidence", 0.0))  # fmt: skip
+            check_cascade("pipespec", 3, merged.get("cascade", False))
+        except ConfigError as error:
+            raise BenchConfigError(f"system_options.{system}: {error}") from None
+        out[system] = dict(settings)
+    return out
+
+
+def check_datasets(cfg: Mapping) -> list[str]:
+    """`datasets`: the datasets one invocation covers (null: the composed `dataset` alone)."""
+    from pipespec.conf import options as group_options
+
+    names = cfg.get("datasets")
+    if names is None or cfg.get("random_prompt_length"):
+        return []
+    if not isinstance(names, (list, tuple)) or not names or len(set(names)) != len(names):
+        raise BenchConfigError(f"datasets must be null or a list of distinct dataset names, got {names!r}")
+    unknown = [n for n in names if n not in group_options("dataset")]
+    if unknown:
+        raise BenchConfigError(f"unknown dataset(s) {unknown} in datasets; available: {group_options('dataset')}")
+    by_dataset = cfg.get("targets_by_dataset") or {}
+    if not isinstance(by_dataset, Mapping) or set(by_dataset) - set(names):
+        raise BenchConfigError(f"targets_by_dataset must map some of {list(names)} to targets, got {by_dataset!r}")
+    return list(names)
+
+
 def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the composed config (a plain dict); raise BenchConfigError with a one-line message."""
     from experiments.benchlib.hf import assisted_settings
 
     cfg = dict(cfg)
     for key, low in (("samples", 1), ("max_new_tokens", 1), ("repetitions", 1), ("warmup_tokens", 0),
-                     ("prepass_prompts", 1)):  # fmt: skip
+                     ("prepass_prompts", 1), ("prompt_offset", 0)):  # fmt: skip
         _int(cfg, key, low)
     _int(cfg, "random_prompt_length", 1, none_ok=True)
     systems = cfg.get("systems")
@@ -115,6 +171,7 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise BenchConfigError(f"systems lists a system twice: {list(systems)}")
     cfg["systems"] = systems
     _strategy(cfg, "pipespec")
+    cfg["system_options"] = check_system_options(cfg, systems)
     if any(is_sd(s) for s in systems):
         for window, confidence in sd_candidates(cfg):
             if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -147,9 +204,10 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         _int(hf, key, 1, none_ok=True)
     cfg["hf"] = hf
     targets = dict(cfg.get("targets") or {})
-    bad = [k for k in targets if k not in TARGET_KEYS]
-    if bad:
-        raise BenchConfigError(f"unknown target(s) {bad}; expected some of {list(TARGET_KEYS)}")
+    for node in [targets, *(cfg.get("targets_by_dataset") or {}).values()]:
+        bad = [k for k in (node or {}) if k not in TARGET_KEYS]
+        if bad:
+            raise BenchConfigError(f"unknown target(s) {bad}; expected some of {list(TARGET_KEYS)}")
     cfg["targets"] = targets
     return cfg
 
@@ -176,18 +234,21 @@ def resolve_hierarchy(key: str, node: Mapping[str, Any]) -> Hierarchy:
 
 
 def load_prompts(cfg: Mapping, tokenizer, context_length: int | None, family: str) -> list[list[int]]:
-    """Prompt token ids: the first `samples` of the dataset, or random ids when `random_prompt_length` is set."""
-    n, max_new = cfg["samples"], cfg["max_new_tokens"]
+    """Prompt token ids: `samples` of the dataset after its first `prompt_offset`, or random ids when
+    `random_prompt_length` is set."""
+    n, max_new, offset = cfg["samples"], cfg["max_new_tokens"], cfg.get("prompt_offset") or 0
     if cfg.get("random_prompt_length"):
         from pipespec.tiny import random_prompts
 
         return random_prompts(n, length=cfg["random_prompt_length"], seed=0, vocab_size=len(tokenizer))
     from pipespec.data import build_prompt_ids, load_dataset
 
-    data_cfg = dict(cfg["dataset"], n_samples=n)
+    data_cfg = dict(cfg["dataset"], n_samples=None)  # all (in the dataset's order), then the slice
     dataset = load_dataset(data_cfg)
     context = context_length or 1_000_000
-    prompts = [build_prompt_ids(s, data_cfg["prompt"], tokenizer, family, context, max_new)[0] for s in dataset.samples]
+    chosen = dataset.samples[offset : offset + n]
+    prompts = [build_prompt_ids(s, data_cfg["prompt"], tokenizer, family, context, max_new)[0] for s in chosen]
     if len(prompts) < n:
-        raise BenchConfigError(f"dataset {data_cfg['name']!r} has only {len(prompts)} samples, samples={n}")
+        raise BenchConfigError(f"dataset {data_cfg['name']!r} has only {len(dataset.samples)} samples, "
+                               f"prompt_offset={offset} + samples={n}")  # fmt: skip
     return prompts

@@ -276,7 +276,7 @@ def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=No
                         **{name: _hierarchy_entry(h) for name, h in (more or {}).items()}},
         "hf_kernels": cfg["hf"]["kernels"],
         "prompts": {"n": len(prompts), "dataset": prompt_source(cfg), "family": family,
-                    "lengths": [len(p) for p in prompts]},
+                    "offset": cfg.get("prompt_offset") or 0, "lengths": [len(p) for p in prompts]},
         "max_new_tokens": cfg["max_new_tokens"],
         "repetitions": cfg["repetitions"],
         "reference": reference_name,
@@ -417,7 +417,8 @@ def kernels_line(report: Mapping[str, Any]) -> str:
 def format_markdown(report: Mapping[str, Any]) -> str:
     rows = report["systems"]
     lines = [
-        f"# Bench: {report['prompts']['n']} {report['prompts']['dataset']} prompts, "
+        f"# Bench: {report['prompts']['n']} {report['prompts']['dataset']} prompts"
+        + (f" (after the first {report['prompts']['offset']})" if report["prompts"].get("offset") else "") + ", "
         f"{report['max_new_tokens']} new tokens, {report['repetitions']} repetition(s)",
         "",
         f"k2 = {report['hierarchies']['k2']['name']} ({' -> '.join(report['hierarchies']['k2']['stages'])})"

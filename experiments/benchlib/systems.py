@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping
 
 from pipespec.errors import ConfigError
 
-from experiments.benchlib.config import (HF_SYSTEMS, BenchConfigError, Hierarchy, is_sd, per_hierarchy,
-                                         resolve_hierarchy, sd_candidates)  # fmt: skip
+from experiments.benchlib.config import (HF_SYSTEMS, BenchConfigError, Hierarchy, is_pipespec, is_sd,
+                                         per_hierarchy, resolve_hierarchy, sd_candidates)  # fmt: skip
 from experiments.benchlib.timer import prepass
 
 
@@ -111,7 +111,8 @@ class Systems:
         pipespec = cfg["pipespec"]
         self.pipespec = {"strategy": "pipespec", "lookahead": pipespec["lookahead"], "max_lead": pipespec["max_lead"],
                          "draft_confidence": pipespec["draft_confidence"],
-                         "size_verification": pipespec.get("size_verification", False)}  # fmt: skip
+                         "size_verification": pipespec.get("size_verification", False),
+                         "cascade": pipespec.get("cascade", False)}  # fmt: skip
         window, confidence = sd_candidates(cfg)[0]
         sd = {"strategy": "sd", "lookahead": window, "max_lead": cfg["sd"]["max_lead"], "draft_confidence": confidence}
         self.sd = {name: dict(sd) for name in self.wanted if is_sd(name)}  # per sd system: its pre-pass's choice
@@ -124,8 +125,9 @@ class Systems:
             if "pipespec_k3" in self.wanted:
                 self.pipes["k3"] = Pipeline(setup.k3.stages, **options)
             for name in self.wanted:  # a pipeline of its own per STRATEGY@HIERARCHY system
-                if per_hierarchy(name) is not None:
-                    self.pipes[name] = Pipeline(setup.hierarchy_of(name).stages, **options)
+                if per_hierarchy(name) is not None:  # its own cascade is checked against its stages here
+                    cascade = self.options_of(name).get("cascade", False) if is_pipespec(name) else False
+                    self.pipes[name] = Pipeline(setup.hierarchy_of(name).stages, **options, cascade=cascade)
             if "auto" in self.wanted:
                 self.auto_hierarchy = setup.k3 if cfg["auto"]["hierarchy"] == "k3" else setup.k2
                 self.pipes["auto"] = Pipeline(self.auto_hierarchy.stages, strategy="auto",
@@ -168,15 +170,20 @@ class Systems:
 
         return System(name, run, self._driver, settings, hierarchy.label, [s.label for s in stages], "hf")
 
+    def options_of(self, name: str) -> dict[str, Any]:
+        """A pipespec system's settings: `pipespec`'s, with its own `system_options` on top."""
+        return {**self.pipespec, **self.cfg["system_options"].get(name, {})}
+
     def _ours(self, name: str, key: str, strategy: str) -> System:
         pipe = self.pipes[key]
+        pipespec = self.options_of(name)
 
         def run(prompt, n):
-            options = self.sd[name] if strategy == "sd" else dict(self.pipespec, strategy=strategy)
+            options = self.sd[name] if strategy == "sd" else dict(pipespec, strategy=strategy)
             forget, system.forget_next = system.forget_next, False
             return pipe.generate(prompt, n, forget_outputs=forget, **options)
 
-        settings = {"strategy": "greedy"} if strategy == "greedy" else dict(self.pipespec) if strategy == "pipespec" else {}
+        settings = {"strategy": "greedy"} if strategy == "greedy" else dict(pipespec) if strategy == "pipespec" else {}
         label = self.setup.hierarchy_of(name).label
         system = System(name, run, lambda: list(zip(pipe.names, pipe.pids)), settings, label, list(pipe.names))
         return system
