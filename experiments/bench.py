@@ -59,7 +59,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from experiments.benchlib.config import check_config, check_group_overrides, load_prompts  # noqa: E402
-from experiments.benchlib.report import format_markdown, summarize, write_outputs  # noqa: E402
+from experiments.benchlib.report import format_markdown, prompt_source, summarize, write_outputs  # noqa: E402
 from experiments.benchlib.systems import Systems, resolve_setup  # noqa: E402
 from experiments.benchlib.timer import PeakRSS, alternate  # noqa: E402
 from pipespec.errors import ConfigError  # noqa: E402
@@ -108,7 +108,7 @@ def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[
 
     names = check_datasets(cfg)
     if not names:
-        return [(prompt_name(cfg), run_bench(cfg, out_dir))]
+        return [(prompt_source(cfg), run_bench(cfg, out_dir))]
     reports = []
     for name in names:
         targets = {**(cfg.get("targets") or {}), **((cfg.get("targets_by_dataset") or {}).get(name) or {})}
@@ -118,10 +118,6 @@ def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[
     summary = "\n\n".join(f"<!-- {name}: {out_dir / name / 'bench.md'} -->\n" + format_markdown(r) for name, r in reports)
     (out_dir / "bench.md").write_text(summary + "\n")
     return reports
-
-
-def prompt_name(cfg: Mapping[str, Any]) -> str:
-    return "random" if cfg.get("random_prompt_length") else str((cfg.get("dataset") or {}).get("name"))
 
 
 def _fail(error: BaseException) -> None:
