@@ -101,13 +101,14 @@ def _inputs(profile: Profile, stages: Sequence[int]):
 
 def predict(profile: Profile, strategy: str = "pipespec", lookahead: int = 0, max_lead: int = DEFAULT_MAX_LEAD,
             tokens: int = 128, stages: Sequence[int] | None = None, draft_confidence: float = 0.0,
-            prompt_tokens: int | None = None, size_verification: bool = False) -> Prediction:
+            prompt_tokens: int | None = None, size_verification: bool = False, value_stop: float = 0.0) -> Prediction:
     """The predicted throughput of one configuration, prompt processing included (`prompt_tokens` per
     generation; None: the profile's mean prompt length); `stages`: a subset of the profile's (default all)."""
-    if draft_confidence:
-        check_options(strategy, len(profile.stages), lookahead, max_lead, draft_confidence)
-        raise ConfigError("draft_confidence cannot be predicted: the simulator has no model of a drafter's own "
-                          "confidence (leave it 0)")  # fmt: skip
+    if draft_confidence or value_stop:
+        check_options(strategy, len(profile.stages), lookahead, max_lead, draft_confidence, value_stop)
+        what = "draft_confidence" if draft_confidence else "value_stop"
+        raise ConfigError(f"{what} cannot be predicted: the simulator has no model of a drafter's own confidence "
+                          f"or online estimates (leave it 0)")  # fmt: skip
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ConfigError(f"tokens must be an integer >= 1, got {tokens!r}")
     last = len(profile.stages) - 1
@@ -206,7 +207,7 @@ def _flag(value: str) -> bool:
 
 _flag.__name__ = "true or false"
 OPTIONS = {"strategy": str, "lookahead": int, "max_lead": int, "tokens": int, "draft_confidence": float,
-           "size_verification": _flag}  # fmt: skip
+           "size_verification": _flag, "value_stop": float}  # fmt: skip
 
 
 def parse_options(items: Sequence[str]) -> dict:

@@ -22,9 +22,10 @@ from analysis.fit import CostFit, fit_step_cost
 FORMAT = "pipespec-profile"
 VERSION = 2  # acceptance sampled along the decoding walk (`pipespec.profiling`); 1: at fixed strides
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
-IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads", "kernels")  # the same stage when these match
-# profiles written before the `kernels` stage option ran torch's kernels
-IDENTITY_DEFAULTS = {"kernels": lambda kind: None if kind in MODEL_FREE_KINDS else "torch"}
+IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads", "kernels", "vocab_limit")  # the same stage when these match
+# profiles written before the `kernels` stage option ran torch's kernels; before `vocab_limit`, whole heads (0)
+IDENTITY_DEFAULTS = {"kernels": lambda kind: None if kind in MODEL_FREE_KINDS else "torch",
+                     "vocab_limit": lambda kind: None if kind in MODEL_FREE_KINDS else 0}  # fmt: skip
 
 
 class ProfileError(ValueError):

@@ -87,6 +87,8 @@ def why_not(run: Run) -> str | None:
         return "sampled decoding (the profile measures greedy acceptance)"
     if float(run.summary.get("draft_confidence") or 0.0):
         return "draft_confidence (the simulator has no model of it)"
+    if float(run.summary.get("value_stop") or 0.0):
+        return "value_stop (the simulator has no model of its online estimates)"
     if run.summary.get("cascade"):
         return "cascade (the profile has no acceptance of the mixed drafts the target then verifies)"
     return None

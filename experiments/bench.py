@@ -82,7 +82,7 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     rss = PeakRSS().start()
     started = None
     try:
-        started = Systems(cfg, setup)
+        started = Systems(cfg, setup, auto_profile_prompts(cfg, tokenizer, context_length(setup.target.model), family))
         systems = started.build()
         if cfg["warmup_tokens"] > 0:  # one short untimed generation per system (first-call allocations)
             for system in systems:
@@ -98,6 +98,16 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
             started.close()
     write_outputs(report, systems, out_dir)
     return report
+
+
+def auto_profile_prompts(cfg: Mapping[str, Any], tokenizer, context: int | None, family: str) -> list | None:
+    """The prompts `auto` measures its short profile on when it has no profile: the dataset's first ones
+    (before `prompt_offset`'s timed prompts when the offset leaves room), so a news bench profiles news."""
+    from pipespec.profiling import SHORT_PROMPTS
+
+    if "auto" not in cfg["systems"] or cfg["auto"].get("profile") is not None:
+        return None
+    return load_prompts({**cfg, "samples": SHORT_PROMPTS, "prompt_offset": 0}, tokenizer, context, family)
 
 
 def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[str, Any]]]:

@@ -1,17 +1,35 @@
-"""The stages' linear kernels side by side: t(n) of torch's and of oneDNN's prepacked fp32 linears, and
-whether greedy decoding gives the same tokens with both (`pipespec.kernels`).
+"""The stages' kernels side by side: t(n) of a stage's fp32 model in several variants (torch's linears,
+oneDNN's prepacked linears, the prepacked model compiled by torch.compile), and whether greedy decoding
+gives the same tokens with all of them (`pipespec.kernels`).
 
     python -m experiments.kernels models=smollm2_int8_fp32 dataset=humaneval dataset.n_samples=10 \
-        max_new_tokens=128 [--max-fed 16] [--repeats 5] [--out results/kernels/humaneval]
+        max_new_tokens=128 [--max-fed 16] [--repeats 5] [--variants torch,onednn,compile] \
+        [--out results/kernels/humaneval]
 
 Composes the runner's config (`pipespec/conf/config.yaml`: models, dataset; any override). Every model
-stage that oneDNN prepacking applies to (CPU, float32, not quantized) is loaded twice in this process, with
-`kernels: torch` and `kernels: onednn`. Timing: t(n) for n = 1..max_fed tokens fed after the first prompt
-(warm cache, one torch thread per stage as in the pipeline), the two kernels' sweeps interleaved so drift of
-the machine falls on both; medians over `repeats` sweeps. Exactness, per prompt: the greedy continuation of
-`max_new_tokens` tokens with each kernel, and whether the oneDNN model, fed the whole continuation at once as
-a verifier is, agrees with its own greedy choice at every position. Writes kernels.json and kernels.md into
-`--out` (default: the current directory) and prints the table. A timing: run it on a quiet machine.
+stage that oneDNN prepacking applies to (CPU, float32, not quantized) is loaded once per variant in this
+process. Variants (`--variants`, default torch,onednn; the first is the reference of every ratio and
+identity check):
+
+- `torch`: `kernels: torch`; `onednn`: `kernels: onednn` (`pipespec.kernels.PrepackedLinear`);
+- `compile`: the `onednn` model with its forward compiled by `torch.compile(dynamic=True)` (inductor). Its
+  calls run with inductor's freezing on: inductor lowers `mkldnn._linear_pointwise` only for a weight that
+  is a graph constant, and dynamo decides that while tracing. Shapes: 1..max_fed tokens fed on a KV cache
+  (transformers' DynamicCache) of any length, so a few graphs (the cache's layout after a crop, n = 1 and
+  n > 1) and then none. If it fails (an error while compiling or running, a warm-up that keeps compiling
+  new graphs, graphs compiled while timed), the variant is reported failed with a one-line reason and the
+  others are still measured.
+
+Warm-up, per variant, before any timing: the first call (a prefill of the first prompt: compilation for
+`compile`) and sweeps of n = 1..max_fed until a sweep compiles no new graph (at most WARM_UP_SWEEPS); their
+seconds are reported apart from t(n). Timing: t(n) for n = 1..max_fed tokens fed after the first prompt
+(warm cache, one torch thread per stage as in the pipeline), the variants' sweeps interleaved so drift of
+the machine falls on all; medians over `repeats` sweeps. Exactness, per prompt: the greedy continuation of
+`max_new_tokens` tokens with each variant, whether it equals the first variant's, and whether each variant,
+fed its whole continuation at once as a verifier is, agrees with its own greedy choice at every position.
+Writes kernels.json and kernels.md into `--out` (default: the current directory) and prints the table;
+reports written before `--variants` existed (torch and onednn, `onednn_verifies_like_greedy`) still render.
+A timing: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -20,13 +38,116 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-KERNELS_COMPARED = ("torch", "onednn")
+VARIANTS = ("torch", "onednn", "compile")
+KERNELS_COMPARED = ("torch", "onednn")  # the default variants (and those of reports without "variants")
+CONTAINED = ("compile",)  # variants whose errors are reported as the variant's failure, not raised
+WARM_UP_SWEEPS = 3  # at most; a compiled variant still compiling new graphs after these has failed
+RECOMPILE_LIMIT = 32  # graphs per compiled frame (dynamo's default 8); the warm-up check catches runaways
+
+
+class VariantFailed(Exception):
+    """A variant that cannot be measured (its one-line reason)."""
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    """`--variants`: a comma list of distinct names of VARIANTS; a `ValueError` with the reason otherwise."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        raise ValueError(f"--variants: unknown {', '.join(unknown)}; allowed: {', '.join(VARIANTS)}")
+    if not names:
+        raise ValueError(f"--variants: name at least one of {', '.join(VARIANTS)}")
+    if len(set(names)) < len(names):
+        raise ValueError(f"--variants: a variant named twice in {text!r}")
+    return tuple(names)
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line of at most 200 characters (compiler errors span many)."""
+    text = " ".join(str(error).split())
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def graph_breaks() -> dict[str, int]:
+    """Dynamo's graph breaks in this process so far: {reason: count}."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def compile_forward(model):
+    """`model` with its forward compiled by torch.compile (dynamic shapes), each call under inductor's
+    freezing (prepacked weights as graph constants) and an error where dynamo would give up recompiling
+    and silently run eagerly."""
+    import torch
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    compiled = torch.compile(model.forward, dynamic=True)
+
+    def forward(*args, **kwargs):
+        with inductor_config.patch(freezing=True), dynamo_config.patch(
+            recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True
+        ):
+            return compiled(*args, **kwargs)
+
+    model.forward = forward
+    return model
+
+
+def load_variant(spec, variant: str):
+    from pipespec.models import load_model
+
+    if variant == "compile":
+        return compile_forward(load_model(replace(spec, kernels="onednn")))
+    return load_model(replace(spec, kernels=variant))
+
+
+def sweep(runner, context: list[int], max_fed: int) -> None:
+    """One untimed sweep of n = 1..max_fed tokens fed after `context`, as `interleaved_step_costs` times them."""
+    filler = [int(context[-1])] * max_fed
+    for n in range(1, max_fed + 1):
+        runner.truncate(len(context) - 1)
+        runner.forward(context, filler[: n - 1])
+
+
+def warm_up(runner, context: list[int], max_fed: int, compiled: bool) -> dict:
+    """The first call (a prefill of `context`) and sweeps until one compiles no new graph: their seconds,
+    and for a compiled runner the graphs compiled; `VariantFailed` if the sweeps keep compiling."""
+    graphs_before = compiled_graphs()
+    started = time.perf_counter()
+    runner.start()
+    runner.forward(context, [])
+    facts = {"first_call_s": time.perf_counter() - started, "sweeps_s": []}
+    for _ in range(WARM_UP_SWEEPS):
+        graphs = compiled_graphs()
+        started = time.perf_counter()
+        sweep(runner, context, max_fed)
+        facts["sweeps_s"].append(time.perf_counter() - started)
+        if compiled_graphs() == graphs:
+            break
+    else:
+        compiled_so_far = compiled_graphs() - graphs_before
+        raise VariantFailed(f"still compiling new graphs after {WARM_UP_SWEEPS} warm-up sweeps of n = 1..{max_fed} "
+                            f"({compiled_so_far} graphs): a recompile per call?")  # fmt: skip
+    if compiled:
+        facts["graphs"] = compiled_graphs() - graphs_before
+    return facts
 
 
 def verifies_like_greedy(runner, prompt: list[int], continuation: list[int]) -> bool:
@@ -36,14 +157,113 @@ def verifies_like_greedy(runner, prompt: list[int], continuation: list[int]) -> 
     return chosen == continuation
 
 
-def compare(config: dict, max_fed: int, repeats: int, log=print) -> dict:
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (one ending early counts), None if equal."""
+    if a == b:
+        return None
+    return next(i for i, (x, y) in enumerate(zip(a + [None], b + [None])) if x != y)
+
+
+def sample_entry(sample_id: str, outputs: dict, verifies: dict) -> dict:
+    """One prompt's exactness: every variant's output against the first's (the first key of `outputs`)."""
+    reference = outputs[next(iter(outputs))]
+    per_variant = {v: {"identical": out == reference, "first_difference": first_difference(reference, out),
+                       "verifies_like_greedy": verifies[v]} for v, out in outputs.items()}  # fmt: skip
+    differences = [e["first_difference"] for e in per_variant.values() if e["first_difference"] is not None]
+    return {"sample_id": sample_id, "identical": not differences,
+            "first_difference": min(differences) if differences else None, "variants": per_variant}  # fmt: skip
+
+
+def guarded(variant: str, failed: dict, action):
+    """`action()`, or None with `failed[variant]` set where a contained variant raises."""
+    try:
+        return action()
+    except Exception as error:  # noqa: BLE001 - compiler errors are of any type; they fail the variant only
+        if variant not in CONTAINED and not isinstance(error, VariantFailed):
+            raise
+        failed[variant] = one_line(error)
+        return None
+
+
+def load_and_warm(spec, variants: tuple[str, ...], context: list[int], max_fed: int, failed: dict, log) -> tuple:
+    """({variant: runner}, {variant: warm-up facts}) of the variants that load and warm up; `failed` gets the rest."""
+    from pipespec.models import CausalLMRunner
+
+    runners, warm = {}, {}
+    for variant in variants:
+        runner = guarded(variant, failed, lambda: CausalLMRunner(load_variant(spec, variant)))
+        facts = runner and guarded(variant, failed, lambda: warm_up(runner, context, max_fed, variant == "compile"))
+        if facts:
+            runners[variant], warm[variant] = runner, facts
+            log(f"kernels: {spec.label}: {variant}: first call {facts['first_call_s']:.2f} s, warm-up sweeps "
+                + ", ".join(f"{s:.2f}" for s in facts["sweeps_s"]) + " s")  # fmt: skip
+        else:
+            log(f"kernels: {spec.label}: {variant}: failed, {failed[variant]}")
+    return runners, warm
+
+
+def exactness(runners: dict, prompts: list, budget: int, failed: dict, log) -> list[dict]:
+    """Per prompt, `sample_entry` of the runners' greedy outputs; a runner that fails leaves `runners`."""
+    samples = []
+    for sample_id, prompt in prompts:
+        outputs, verifies = {}, {}
+        for variant, runner in list(runners.items()):
+            checked = guarded(variant, failed, lambda: _greedy_and_verify(runner, prompt, budget))
+            if checked is None:
+                log(f"kernels: {variant}: failed, {failed[variant]}")
+                del runners[variant]
+            else:
+                outputs[variant], verifies[variant] = checked
+        if outputs:
+            samples.append(sample_entry(sample_id, outputs, verifies))
+            log(f"kernels: {sample_id}: greedy identical {samples[-1]['identical']}")
+    return samples
+
+
+def _greedy_and_verify(runner, prompt: list[int], budget: int) -> tuple[list[int], bool]:
+    from pipespec.profiling import greedy_continuation
+
+    output = greedy_continuation(runner, prompt, budget)
+    return output, verifies_like_greedy(runner, prompt, output)
+
+
+def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, repeats: int, budget: int,
+                  log=print) -> dict:  # fmt: skip
+    """One model stage's report: t(n) per variant, warm-up facts, exactness per prompt, the variants that failed."""
     import torch
 
+    from pipespec.profiling import interleaved_step_costs
+
+    torch.set_num_threads(spec.threads)
+    context = list(prompts[0][1])
+    failed = {}
+    graphs_at_start, breaks_at_start = compiled_graphs(), graph_breaks()
+    runners, warm = load_and_warm(spec, variants, context, max_fed, failed, log)
+    if not runners:
+        return {"name": spec.label, "variants": list(variants), "failed": failed}
+    log(f"kernels: {spec.label}: t(n), n = 1..{max_fed}, {repeats} interleaved sweeps of {', '.join(runners)}")
+    graphs = compiled_graphs()
+    costs = interleaved_step_costs(runners, context, max_fed, repeats)
+    if "compile" in runners and compiled_graphs() > graphs:
+        failed["compile"] = f"{compiled_graphs() - graphs} graphs compiled while timed: t(n) includes compilation"
+        log(f"kernels: {spec.label}: compile: failed, {failed['compile']}")
+    samples = exactness(runners, prompts, budget, failed, log)
+    stage = {"name": spec.label, "variants": list(variants), "step_s": costs, "warm_up": warm, "samples": samples}
+    if "compile" in warm:
+        warm["compile"]["graphs_in_all"] = compiled_graphs() - graphs_at_start  # with the exactness checks
+        stage["graph_breaks"] = {why: count - breaks_at_start.get(why, 0) for why, count in graph_breaks().items()
+                                 if count > breaks_at_start.get(why, 0)}  # fmt: skip
+    if failed:
+        stage["failed"] = failed
+    return stage
+
+
+def compare(config: dict, max_fed: int, repeats: int, log=print, variants: tuple[str, ...] = KERNELS_COMPARED) -> dict:
     from experiments.profile import profile_prompts
     from pipespec.hierarchies import resolve_stages
     from pipespec.kernels import obstacle
-    from pipespec.models import CausalLMRunner, check_shared_vocabulary, context_length, load_model
-    from pipespec.profiling import greedy_continuation, interleaved_step_costs, machine_facts
+    from pipespec.models import check_shared_vocabulary, context_length
+    from pipespec.profiling import machine_facts
 
     specs = resolve_stages(config["models"]["stages"])
     tokenizer = check_shared_vocabulary(specs)
@@ -58,46 +278,82 @@ def compare(config: dict, max_fed: int, repeats: int, log=print) -> dict:
             stages.append({"name": spec.label, "skipped": why_not})
             log(f"kernels: {spec.label}: skipped, {why_not}")
             continue
-        torch.set_num_threads(spec.threads)
-        runners = {k: CausalLMRunner(load_model(replace(spec, kernels=k))) for k in KERNELS_COMPARED}
-        log(f"kernels: {spec.label}: t(n), n = 1..{max_fed}, {repeats} interleaved sweeps")
-        costs = interleaved_step_costs(runners, prompts[0][1], max_fed, repeats)
-        samples = []
-        for sample_id, prompt in prompts:
-            outputs = {k: greedy_continuation(r, prompt, budget) for k, r in runners.items()}
-            same = outputs["torch"] == outputs["onednn"]
-            first_difference = None if same else next(
-                i for i, (a, b) in enumerate(zip(outputs["torch"] + [None], outputs["onednn"] + [None])) if a != b)
-            samples.append({"sample_id": sample_id, "identical": same, "first_difference": first_difference,
-                            "onednn_verifies_like_greedy": verifies_like_greedy(runners["onednn"], prompt,
-                                                                                outputs["onednn"])})  # fmt: skip
-            log(f"kernels: {spec.label}: {sample_id}: greedy identical {same}")
-        stages.append({"name": spec.label, "step_s": costs, "samples": samples})
-        del runners
+        stages.append(compare_stage(spec, variants, prompts, max_fed, repeats, budget, log))
     return {"models": config["models"]["name"], "dataset": dataset, "max_new_tokens": budget, "max_fed": max_fed,
-            "repeats": repeats, "machine": machine_facts(specs), "stages": stages}  # fmt: skip
+            "repeats": repeats, "variants": list(variants), "machine": machine_facts(specs),
+            "stages": stages}  # fmt: skip
+
+
+# ---- the report ---------------------------------------------------------------------------------------
+
+
+def sample_variants(sample: dict, variants: list[str]) -> dict:
+    """A sample's {variant: {"identical", "verifies_like_greedy"}}, also from a report before `--variants`
+    (torch vs onednn: "identical", "onednn_verifies_like_greedy")."""
+    if "variants" in sample:
+        return sample["variants"]
+    return {variants[0]: {"identical": True, "verifies_like_greedy": None},
+            "onednn": {"identical": sample["identical"],
+                       "verifies_like_greedy": sample.get("onednn_verifies_like_greedy")}}  # fmt: skip
+
+
+def tally(samples: list[dict], variants: list[str], key: str) -> str:
+    """'variant k/n, ...': how many samples of each variant have `key` true (variants never checked left out)."""
+    parts = []
+    for variant in variants:
+        values = [v[key] for s in samples if (v := sample_variants(s, variants).get(variant)) and v[key] is not None]
+        if values:
+            parts.append(f"{variant} {sum(values)}/{len(values)}")
+    return ", ".join(parts) or "none checked"
+
+
+def warm_up_line(stage: dict) -> str:
+    parts = []
+    for variant, facts in stage.get("warm_up", {}).items():
+        text = f"{variant} {facts['first_call_s']:.2f} s / " + " + ".join(f"{s:.2f}" for s in facts["sweeps_s"]) + " s"
+        if "graphs" in facts:
+            breaks = sum(stage.get("graph_breaks", {}).values())
+            text += (f" ({facts['graphs']} graphs in the warm-up, {facts.get('graphs_in_all', '?')} in all, "
+                     f"{breaks} graph breaks)")
+        parts.append(text)
+    return "first call (prefill, compilation for compile) / warm-up sweeps: " + "; ".join(parts)
+
+
+def stage_markdown(stage: dict, report_variants: list[str], max_new_tokens: int) -> list[str]:
+    if "skipped" in stage:
+        return [f"## {stage['name']}: not compared ({stage['skipped']})", ""]
+    variants = stage.get("variants", report_variants)
+    lines = [f"## {stage['name']}", ""]
+    lines += [f"- {variant}: failed, {why}" for variant, why in stage.get("failed", {}).items()]
+    timed = [v for v in variants if v in stage.get("step_s", {})]
+    if not timed:
+        return lines + [""]
+    reference, others = timed[0], timed[1:]
+    samples = stage["samples"]
+    lines += ([""] if stage.get("failed") else []) + [
+        f"greedy outputs identical to {reference}'s ({max_new_tokens} tokens): "
+        f"{tally(samples, others, 'identical') if others else 'no other variant'}; "
+        f"verifying its whole output agrees with its greedy choice: {tally(samples, timed, 'verifies_like_greedy')}",
+        ""]  # fmt: skip
+    if stage.get("warm_up"):
+        lines += [warm_up_line(stage), ""]
+    header = ["n tokens fed"] + [f"{v} ms" for v in timed] + [f"{v} / {reference}" for v in others]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    columns = [stage["step_s"][v] for v in timed]
+    for n, row in enumerate(zip(*columns), start=1):
+        cells = [str(n)] + [f"{t * 1000:.1f}" for t in row] + [f"{t / row[0]:.2f}" for t in row[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def format_markdown(report: dict) -> str:
     cpu = report["machine"]["cpu"]
+    variants = report.get("variants", list(KERNELS_COMPARED))
     lines = [f"# Linear kernels: {report['models']} on {report['dataset']}",
              "", f"machine: {cpu.get('name')} (family {cpu.get('family')}, model {cpu.get('model')}), "
              f"torch {report['machine']['libraries']['torch']}; medians of {report['repeats']} interleaved sweeps", ""]  # fmt: skip
     for stage in report["stages"]:
-        if "skipped" in stage:
-            lines += [f"## {stage['name']}: not compared ({stage['skipped']})", ""]
-            continue
-        samples = stage["samples"]
-        identical = sum(s["identical"] for s in samples)
-        verifies = sum(s["onednn_verifies_like_greedy"] for s in samples)
-        lines += [f"## {stage['name']}", "",
-                  f"greedy outputs identical (torch vs onednn, {report['max_new_tokens']} tokens): "
-                  f"{identical}/{len(samples)}; onednn verifying its whole output agrees with its greedy choice: "
-                  f"{verifies}/{len(samples)}", "",
-                  "| n tokens fed | torch ms | onednn ms | onednn / torch |", "|---|---|---|---|"]  # fmt: skip
-        for n, (a, b) in enumerate(zip(stage["step_s"]["torch"], stage["step_s"]["onednn"]), start=1):
-            lines.append(f"| {n} | {a * 1000:.1f} | {b * 1000:.1f} | {b / a:.2f} |")
-        lines.append("")
+        lines += stage_markdown(stage, variants, report["max_new_tokens"])
     return "\n".join(lines)
 
 
@@ -113,17 +369,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--max-fed", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(KERNELS_COMPARED),
+                        help=f"comma list of {', '.join(VARIANTS)}; the first is the reference")  # fmt: skip
     parser.add_argument("--out", default=".")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the runner's config")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.max_fed < 1 or args.repeats < 1:
         print("error: --max-fed and --repeats must be >= 1", file=sys.stderr)
         return 2
+    try:
+        variants = parse_variants(args.variants)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             config = OmegaConf.to_container(compose("config", overrides=args.overrides), resolve=True)
-        report = compare(config, args.max_fed, args.repeats, log)
+        report = compare(config, args.max_fed, args.repeats, log, variants)
     except (ConfigError, DataError, HydraException) as error:
         print(f"error: {(str(error).strip().splitlines() or [type(error).__name__])[0]}", file=sys.stderr)
         return 2

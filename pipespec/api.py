@@ -149,6 +149,7 @@ class Pipeline:
         draft_confidence: float = 0.0,
         size_verification: bool = False,
         cascade: bool = False,
+        value_stop: float = 0.0,
         start_timeout_s: float = 600.0,
         stall_timeout_s: float = 30.0,
         launch: str | None = None,
@@ -160,6 +161,7 @@ class Pipeline:
         acceptance: str = "exact",
         synthetic_rates: float | Sequence[float] | None = None,
         profile: str | None = None,  # strategy="auto": a profile.json path (None: the cached short profile)
+        profile_prompts: Sequence[str | Sequence[int]] | None = None,  # ... measured on these (None: HumanEval's)
     ):
         exit_if_bootstrapping_child()  # a stage process re-running an unguarded main module: say so and end
         launch = resolve_launch(launch)
@@ -173,17 +175,17 @@ class Pipeline:
         if self.launch_env is not None:
             self.launch_env.check_world(len(self.specs))
         self.auto = None  # strategy="auto": the choice (pipespec.autoconf.AutoChoice) and why
-        if profile is not None and strategy != "auto":
-            raise ConfigError(f"profile is only read by strategy='auto', got strategy={strategy!r}")
+        if (profile is not None or profile_prompts is not None) and strategy != "auto":
+            raise ConfigError(f"profile and profile_prompts are only read by strategy='auto', got strategy={strategy!r}")
         if strategy == "auto":
             from pipespec.autoconf import choose_for_pipeline
 
-            self.auto = choose_for_pipeline(self.specs, profile, draft_confidence)
+            self.auto = choose_for_pipeline(self.specs, profile, draft_confidence, value_stop, profile_prompts)
             self.specs = [self.specs[i] for i in self.auto.stages]
             strategy, lookahead, max_lead = self.auto.strategy, self.auto.lookahead, self.auto.max_lead
-        check_options(strategy, len(self.specs), lookahead, max_lead, draft_confidence)
+        check_options(strategy, len(self.specs), lookahead, max_lead, draft_confidence, value_stop)
         self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
-        self.draft_confidence = draft_confidence
+        self.draft_confidence, self.value_stop = draft_confidence, value_stop
         self.size_verification = check_flag("size_verification", size_verification)
         self.cascade = self._check_cascade(strategy, cascade)
         sampling = check_sampling(temperature, top_k, top_p, 0 if seed is None else seed)
@@ -472,7 +474,7 @@ class Pipeline:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **options) -> GenerationResult:
         """Generate up to `max_new_tokens` after `prompt`; `options` (strategy, lookahead, max_lead,
-        draft_confidence, size_verification, cascade, timeout_s, sampling, acceptance) left None take the
+        draft_confidence, size_verification, cascade, value_stop, timeout_s, sampling, acceptance) left None take the
         pipeline's defaults.
 
         Safe from several threads: calls are served one at a time, each exactly as if it were alone
@@ -503,6 +505,7 @@ class Pipeline:
         draft_confidence: float | None = None,
         size_verification: bool | None = None,
         cascade: bool | None = None,
+        value_stop: float | None = None,
         timeout_s: float | None = None,
         faults=None,
         temperature: float | None = None,
@@ -528,6 +531,7 @@ class Pipeline:
             strategy, len(self.specs), lookahead, max_lead, pick(draft_confidence, self.draft_confidence),
             pick(size_verification, self.size_verification),  # roles() checks it is a bool
             self._check_cascade(strategy, pick(cascade, self.cascade and strategy == "pipespec")),  # a default for pipespec
+            pick(value_stop, self.value_stop),
         )
         seed = pick(seed, self.seed)
         sampling = check_sampling(

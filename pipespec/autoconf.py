@@ -7,7 +7,10 @@ subset of the stages that keeps the target). `pipespec` imports without `analysi
 imports it only inside its functions (both are torch-free; `analysis` needs numpy).
 
 Without a profile, a short one (`pipespec.profiling.SHORT_OPTIONS`, about a minute for SmolLM2) is
-measured once and cached per machine and hierarchy under `pipespec.prepare.cache_root() / "profiles"`.
+measured once on the first prompts of the run's dataset (the API: the prompts given, else the first
+HumanEval problems) and cached per machine, hierarchy and prompts under
+`pipespec.prepare.cache_root() / "profiles"`: acceptance differs between datasets, so a news run never
+takes the profile of a code run.
 A profile measured on another machine, hierarchy or library version is a `ConfigError` naming what
 differs. When nothing is predicted to beat greedy, the choice is greedy, and the reason says so.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pipespec.errors import ConfigError
-from pipespec.models import StageSpec
+from pipespec.models import MODEL_FREE_KINDS, StageSpec
 
 RUNNERS_UP = 4  # candidates recorded beside the choice
 PREDICT_TOKENS = 128  # the generation length the ranking simulates
@@ -51,7 +54,8 @@ def stage_identity(spec: StageSpec) -> dict[str, Any]:
     from pipespec.models import resolved_kernels
 
     return {"kind": spec.kind, "model": spec.model, "quantize": spec.quantize, "dtype": spec.dtype,
-            "threads": spec.threads, "kernels": resolved_kernels(spec)}  # fmt: skip
+            "threads": spec.threads, "kernels": resolved_kernels(spec),
+            "vocab_limit": None if spec.kind in MODEL_FREE_KINDS else spec.vocab_limit or 0}  # fmt: skip
 
 
 def _candidate(prediction) -> dict[str, Any]:
@@ -96,19 +100,28 @@ def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
 # ---- the cached short profile ------------------------------------------------------------------------
 
 
-def _machine_key(specs: Sequence[StageSpec]) -> str:
-    from analysis.profile import VERSION, this_machine
+def _profile_key(specs: Sequence[StageSpec], prompts: Sequence[tuple[str, list[int]]]) -> str:
+    from dataclasses import asdict
 
-    facts = {"machine": this_machine(), "stages": [stage_identity(s) for s in specs], "version": VERSION}
+    from analysis.profile import VERSION, this_machine
+    from pipespec.profiling import SHORT_OPTIONS
+
+    facts = {"machine": this_machine(), "stages": [stage_identity(s) for s in specs], "version": VERSION,
+             "options": asdict(SHORT_OPTIONS), "prompts": [list(ids) for _, ids in prompts]}  # fmt: skip
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cached_profile_path(specs: Sequence[StageSpec], hierarchy: str) -> Path:
-    """Where the short profile of this hierarchy on this machine (CPU, library versions, stages) is cached."""
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def cached_profile_path(specs: Sequence[StageSpec], hierarchy: str, dataset: str,
+                        prompts: Sequence[tuple[str, list[int]]]) -> Path:  # fmt: skip
+    """Where the short profile of this hierarchy on this machine (CPU, library versions, stages), measured on
+    these prompts of `dataset` with `SHORT_OPTIONS`, is cached."""
     from pipespec.prepare import cache_root
 
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in hierarchy)
-    return cache_root() / "profiles" / f"{safe}-{_machine_key(specs)}.json"
+    return cache_root() / "profiles" / f"{_safe(hierarchy)}-{_safe(dataset)}-{_profile_key(specs, prompts)}.json"
 
 
 def default_prompts(tokenizer, context_length: int, count: int) -> tuple[str, list[tuple[str, list[int]]]]:
@@ -127,17 +140,18 @@ def default_prompts(tokenizer, context_length: int, count: int) -> tuple[str, li
 
 def ensure_profile(specs: Sequence[StageSpec], hierarchy: str, prompts: Callable[[], tuple[str, list]],
                    log=print) -> Path:  # fmt: skip
-    """The cached short profile of `specs`, measured (and cached) first if there is none.
-    `prompts()` -> (dataset name, [(sample id, prompt ids)]), called only when measuring."""
+    """The cached short profile of `specs` on the first `SHORT_PROMPTS` of `prompts()` -> (dataset name,
+    [(sample id, prompt ids)]), measured (and cached) first if there is none."""
     from pipespec.profiling import SHORT_OPTIONS, SHORT_PROMPTS, measure_profile
     from pipespec.results import atomic_write_json
 
-    path = cached_profile_path(specs, hierarchy)
+    dataset, chosen = prompts()
+    chosen = chosen[:SHORT_PROMPTS]
+    path = cached_profile_path(specs, hierarchy, dataset, chosen)
     if path.exists():
         return path
-    dataset, chosen = prompts()
-    log(f"auto: no profile of {hierarchy} on this machine: measuring a short one (cached in {path})")
-    profile = measure_profile(specs, hierarchy, chosen[:SHORT_PROMPTS], SHORT_OPTIONS, dataset=dataset, log=log)
+    log(f"auto: no profile of {hierarchy} on {dataset} on this machine: measuring a short one (cached in {path})")
+    profile = measure_profile(specs, hierarchy, chosen, SHORT_OPTIONS, dataset=dataset, log=log)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, profile)
     return path
@@ -153,10 +167,13 @@ def choose(specs: Sequence[StageSpec], profile_path: str | Path | None, hierarch
     return choose_from_profile(profile_path, specs, hierarchy)
 
 
-def check_auto_options(draft_confidence: float) -> None:
+def check_auto_options(draft_confidence: float, value_stop: float = 0.0) -> None:
     if draft_confidence:
         raise ConfigError(f"strategy auto cannot honour draft_confidence={draft_confidence!r}: its predictions have "
                           "no model of a drafter's own confidence (leave it 0)")  # fmt: skip
+    if value_stop:
+        raise ConfigError(f"strategy auto cannot honour value_stop={value_stop!r}: its predictions have no model "
+                          "of a drafter stopping on its online estimates (leave it 0)")  # fmt: skip
 
 
 def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoChoice:
@@ -166,7 +183,7 @@ def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoCho
     from pipespec.models import check_shared_vocabulary, context_length
 
     strategy = config["strategy"]
-    check_auto_options(strategy.get("draft_confidence", 0.0))
+    check_auto_options(strategy.get("draft_confidence", 0.0), strategy.get("value_stop", 0.0))
 
     def prompts():
         tokenizer = check_shared_vocabulary(specs)
@@ -179,16 +196,31 @@ def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoCho
 
 
 def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | None,
-                        draft_confidence: float = 0.0) -> AutoChoice:  # fmt: skip
+                        draft_confidence: float = 0.0, value_stop: float = 0.0,
+                        profile_prompts: Sequence | None = None) -> AutoChoice:  # fmt: skip
     """`Pipeline(..., strategy="auto", profile=PATH)`; without a profile, the cached short profile of these
-    stages (measured first on the first HumanEval problems if there is none)."""
+    stages on `profile_prompts` (strings or token ids; None: the first HumanEval problems), measured first
+    if there is none."""
     from pipespec.models import check_shared_vocabulary, context_length
 
-    check_auto_options(draft_confidence)
+    check_auto_options(draft_confidence, value_stop)
+    if profile_prompts is not None and profile_path is not None:
+        raise ConfigError("give strategy auto a profile or profile_prompts to measure one on, not both")
 
     def prompts():
         from pipespec.profiling import SHORT_PROMPTS
 
-        return default_prompts(check_shared_vocabulary(specs), context_length(specs[-1].model), SHORT_PROMPTS)
+        tokenizer = check_shared_vocabulary(specs)
+        if profile_prompts is None:
+            return default_prompts(tokenizer, context_length(specs[-1].model), SHORT_PROMPTS)
+        return "given prompts", [(f"prompt-{i}", _prompt_ids(p, tokenizer)) for i, p in enumerate(profile_prompts)]
 
     return choose(specs, profile_path, None, prompts)
+
+
+def _prompt_ids(prompt, tokenizer) -> list[int]:
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+    if not isinstance(prompt, (list, tuple)) or not prompt or not all(type(t) is int and t >= 0 for t in prompt):
+        raise ConfigError(f"profile_prompts must hold strings or non-empty lists of token ids, got {prompt!r:.60}")
+    return list(prompt)

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from pipespec.conf import CONF_DIR
 from pipespec.errors import ConfigError
-from pipespec.models import StageSpec
+from pipespec.models import StageSpec, check_target_options
 
 CONF_MODELS = CONF_DIR / "models"
 TINY_DRAFT_NOISE = (0.3, 0.05)  # the tiny drafts, in build order (their weights depend on it)
@@ -66,7 +66,9 @@ def resolve_stages(stages: Sequence[StageSpec | str | Mapping[str, Any]], check_
     """Stage specs from a config list; `check_devices=False` (plan mode) accepts GPUs this machine lacks."""
     if not stages:
         raise ConfigError("models.stages is empty: list the stages, smallest drafter first, target last")
-    return [resolve_stage(s, check_devices) for s in stages]
+    specs = [resolve_stage(s, check_devices) for s in stages]
+    check_target_options(specs)  # e.g. vocab_limit is for drafters: the last stage is the target
+    return specs
 
 
 def read_hierarchy(name: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ class StageSpec:
     name: str | None = None
     threads: int = 1
     kernels: str = "auto"  # auto | onednn | torch: fp32 CPU linears prepacked for oneDNN (pipespec.kernels)
+    vocab_limit: int | None = None  # drafters (kind hf): lm_head over ids < N only, logit -inf above (VocabLimitedHead)
     ngram_size: int = 3  # prompt_lookup: longest n-gram to match
     max_proposal: int = 8  # prompt_lookup, suffix: most tokens proposed per step
     max_depth: int = 8  # suffix: longest suffix matched (and n-gram depth indexed)
@@ -84,12 +85,19 @@ class StageSpec:
         if self.kind == "suffix":
             return f"suffix(depth={self.max_depth})"
         base = Path(str(self.model)).name or str(self.model)
-        return f"{base}[{self.quantize}]" if self.quantize else base
+        tags = [self.quantize] if self.quantize else []
+        if self.vocab_limit is not None:
+            tags.append(f"vocab{self.vocab_limit}")
+        return f"{base}[{','.join(tags)}]" if tags else base
 
     def validate(self, check_devices: bool = True) -> None:
         """Check every option; `check_devices=False` (plan mode) skips asking whether the devices exist."""
         if self.kind not in KINDS:
             raise ConfigError(f"stage kind must be one of {list(KINDS)}, got {self.kind!r}")
+        if self.vocab_limit is not None and self.kind != "hf":
+            raise ConfigError(
+                f"stage option 'vocab_limit' is for model stages (kind 'hf'): a {self.kind} stage has no lm_head"
+            )
         if self.kind == "hf":
             if not self.model:
                 raise ConfigError("stage option 'model' is required for kind 'hf' (a hub id or a local directory)")
@@ -112,6 +120,12 @@ class StageSpec:
                 raise ConfigError(f"stage option kernels 'onednn' cannot apply: {why_not}")
             if len(self.devices) > 1 and not all(d.startswith("cuda") for d in self.devices):
                 raise ConfigError(f"a model split over several devices needs CUDA devices, got {self.device!r}")
+            limit = self.vocab_limit
+            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+                raise ConfigError(
+                    f"stage option 'vocab_limit' must be an integer >= 1 (the lm_head keeps ids 0..N-1) or null, "
+                    f"got {limit!r}"
+                )
         elif self.kind == "prompt_lookup":
             if self.ngram_size < 1 or self.max_proposal < 1:
                 raise ConfigError("prompt_lookup needs ngram_size >= 1 and max_proposal >= 1")
@@ -277,6 +291,37 @@ def load_tokenizer(model: str):
         raise ConfigError(f"cannot load the tokenizer of {model!r}: {str(error).splitlines()[0]}") from None
 
 
+def check_target_options(specs: Sequence[StageSpec]) -> None:
+    """Refuse drafter-only options on the last stage (the target): its logits are the output's definition."""
+    if specs and specs[-1].vocab_limit is not None:
+        raise ConfigError(
+            f"stage option 'vocab_limit' is for drafters only: the last stage {specs[-1].label!r} is the target, "
+            "whose full vocabulary defines the output"
+        )
+
+
+def check_vocab_limits(specs: Sequence[StageSpec]) -> None:
+    """A drafter's vocab_limit may not exceed its model's vocabulary (config.json's vocab_size, where local)."""
+    from transformers import AutoConfig
+
+    for spec in specs:
+        if spec.kind != "hf" or spec.vocab_limit is None:
+            continue
+        try:
+            vocab = getattr(AutoConfig.from_pretrained(resolve_model_path(spec.model)), "vocab_size", None)
+        except OSError:
+            continue  # not readable here: load_model checks against the loaded lm_head
+        if vocab is not None and spec.vocab_limit > vocab:
+            raise ConfigError(vocab_limit_too_large(spec, vocab))
+
+
+def vocab_limit_too_large(spec: StageSpec, vocab: int) -> str:
+    return (
+        f"stage {spec.label!r}: vocab_limit {spec.vocab_limit} is above the vocabulary size {vocab} of model "
+        f"{spec.model!r}"
+    )
+
+
 def check_shared_vocabulary(specs: Sequence[StageSpec]):
     """Refuse a hierarchy whose model stages do not share the target's tokenizer; return the target's."""
     model_specs = [s for s in specs if s.kind == "hf"]
@@ -284,6 +329,8 @@ def check_shared_vocabulary(specs: Sequence[StageSpec]):
         raise ConfigError("the last stage (the target) must be a model (kind 'hf')")
     if specs[-1].kind != "hf":
         raise ConfigError("the last stage (the target) must be a model (kind 'hf'), not prompt_lookup")
+    check_target_options(specs)
+    check_vocab_limits(specs)
     target = load_tokenizer(specs[-1].model)
     target_vocab = target.get_vocab()
     for spec in model_specs[:-1]:
@@ -345,6 +392,8 @@ def load_model(spec: StageSpec):
     if "device_map" not in kwargs:
         model.to(spec.device)
     model.eval()
+    if spec.vocab_limit is not None:
+        limit_vocabulary(model, spec)  # before quantization and prepacking: the reduced head is a plain Linear
     if spec.quantize == "int8-dynamic":
         model = quantize_int8_dynamic(model)
     if resolved_kernels(spec) == "onednn":
@@ -352,6 +401,24 @@ def load_model(spec: StageSpec):
 
         prepack_linears(model)
     return model
+
+
+def limit_vocabulary(model, spec: StageSpec) -> None:
+    """Give `model` a `VocabLimitedHead` over ids < spec.vocab_limit (the input embedding stays whole)."""
+    import torch
+
+    from pipespec.vocab import VocabLimitedHead
+
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise ConfigError(
+            f"stage {spec.label!r}: vocab_limit needs an nn.Linear lm_head, model {spec.model!r} has "
+            f"{type(head).__name__}"
+        )
+    if spec.vocab_limit > head.out_features:
+        raise ConfigError(vocab_limit_too_large(spec, head.out_features))
+    if spec.vocab_limit < head.out_features:
+        model.set_output_embeddings(VocabLimitedHead(head, spec.vocab_limit))
 
 
 def quantize_int8_dynamic(model):

@@ -37,6 +37,8 @@ class Role:
     stop_below: float = 0.0  # stop drafting once the lead's own probability falls below this (0 = off)
     size_verification: bool = False  # a verifier checks only as many drafts as pay for their step cost
     takes_drafts: bool = False  # cascade: passes its model-free drafter's proposals on unverified, steps on misses
+    value_stop: float = 0.0  # > 0: stop drafting where a draft is worth less than it costs (the target's slowdown
+    #                          per second of this stage's compute; pipespec.schedule); 0 = off
 
 
 @dataclass

@@ -348,6 +348,7 @@ def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]
         "draft_confidence": strategy.get("draft_confidence", 0.0),
         "size_verification": strategy.get("size_verification", False),
         "cascade": strategy.get("cascade", False),
+        "value_stop": strategy.get("value_stop", 0.0),
         "acceptance": acceptance_mode(config),
         "lossless": acceptance_mode(config) == "exact",
         "sampling": config.get("sampling"),

@@ -202,6 +202,7 @@ def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: boo
         draft_confidence=strategy.get("draft_confidence", 0.0),
         size_verification=strategy.get("size_verification", False),
         cascade=strategy.get("cascade", False),
+        value_stop=strategy.get("value_stop", 0.0),
         stall_timeout_s=options.get("stall_timeout_s", 30),
         start_timeout_s=options.get("start_timeout_s", 600),
         temperature=sampling.get("temperature", 0.0),

@@ -32,6 +32,15 @@ the product of its own probabilities of the tokens it holds beyond the next
 stage's last commit (the chance, by its own reckoning, that all of them
 survive) falls below it. Drafts past that point are mostly rolled back, and on
 a machine whose stages share memory bandwidth each one slows the target.
+
+`value_stop` (sd and pipespec; 0 = off) stops a model drafter where another draft
+is worth less than it costs. Its value: the chance it survives, the product of
+the acceptance rates by position up to its place in the lead (estimated online
+from the next stage's commits), in tokens. Its cost: the target tokens its step
+delays, `value_stop` x the drafter's step time / the pipeline's time per token,
+where `value_stop` is the target's slowdown per second of drafter compute (the
+contention a profile measures; 1 in sd, where the target waits for every draft).
+A drafter with no lead always drafts, so its estimates keep learning.
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ STRATEGIES = ("greedy", "sd", "pipespec")
 DEFAULT_MAX_LEAD = 8  # the engine's, the runner's and the simulator's default max_lead
 
 
-def check_options(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0) -> None:
+def check_options(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0,
+                  value_stop: float = 0.0) -> None:  # fmt: skip
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
     if strategy != "greedy" and n_stages < 2:
@@ -57,6 +67,9 @@ def check_options(strategy: str, n_stages: int, lookahead: int, max_lead: int, d
     confidence = draft_confidence
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
         raise ConfigError(f"draft_confidence must be a number with 0 <= draft_confidence < 1 (0 = off), got {confidence!r}")
+    if isinstance(value_stop, bool) or not isinstance(value_stop, (int, float)) or not 0 <= value_stop <= 100:
+        raise ConfigError(f"value_stop must be a number with 0 <= value_stop <= 100 (the target's slowdown per second "
+                          f"of drafter compute; 0 = off), got {value_stop!r}")  # fmt: skip
 
 
 def check_flag(name: str, value) -> bool:
@@ -73,33 +86,34 @@ def check_cascade(strategy: str, n_stages: int, cascade) -> bool:
 
 
 def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_confidence: float = 0.0,
-          size_verification: bool = False, cascade: bool = False) -> list[Role]:  # fmt: skip
+          size_verification: bool = False, cascade: bool = False, value_stop: float = 0.0) -> list[Role]:  # fmt: skip
     """One Role per stage, smallest first, target last. `size_verification`: every verifier checks
     only as many of the offered drafts as pay for their step cost (`verify_size`). `cascade`: the
     second stage takes the first (model-free) stage's proposals unverified and drafts only on misses
-    (the caller checks that the first stage is model-free)."""
-    check_options(strategy, n_stages, lookahead, max_lead, draft_confidence)
-    stop = float(draft_confidence)
+    (the caller checks that the first stage is model-free). `value_stop`: every drafter stops where a
+    draft is worth less than it costs (the module docstring)."""
+    check_options(strategy, n_stages, lookahead, max_lead, draft_confidence, value_stop)
+    stop, worth = float(draft_confidence), float(value_stop)
     sized = check_flag("size_verification", size_verification)
     check_cascade(strategy, n_stages, cascade)
     last = n_stages - 1
     if strategy == "greedy":
         return [Role()] * last + [Role(active=True, is_target=True, commits_own_steps=True)]
     if strategy == "sd":
-        first = Role(active=True, max_lead=lookahead, stop_below=stop)
+        first = Role(active=True, max_lead=lookahead, stop_below=stop, value_stop=worth)
         middle = Role(active=True, has_upstream=True, max_lead=1, size_verification=sized)
         target = Role(active=True, has_upstream=True, is_target=True, commits_own_steps=True, size_verification=sized)
     else:
         lead = max(max_lead, lookahead)  # a verifier waiting for `lookahead` drafts must be able to get them
-        first = Role(active=True, max_lead=lead, stop_below=stop)
+        first = Role(active=True, max_lead=lead, stop_below=stop, value_stop=worth)
         middle = Role(active=True, has_upstream=True, min_lead=lookahead, max_lead=lead, commits_own_steps=True,
-                      stop_below=stop, size_verification=sized)  # fmt: skip
+                      stop_below=stop, size_verification=sized, value_stop=worth)  # fmt: skip
         target = Role(active=True, has_upstream=True, is_target=True, min_lead=lookahead, commits_own_steps=True,
                       size_verification=sized)  # fmt: skip
     middles = [middle] * (n_stages - 2)
     if cascade:  # waits for the model-free answer (min_lead None) and passes proposals on (TAKE)
         middles[0] = Role(active=True, has_upstream=True, max_lead=lead, commits_own_steps=True, stop_below=stop,
-                          takes_drafts=True)  # fmt: skip
+                          takes_drafts=True, value_stop=worth)  # fmt: skip
     return [first] + middles + [target]
 
 
@@ -122,6 +136,8 @@ class StageView:
     model_free: bool = False  # proposes without a model (prompt lookup, suffix)
     step_costs: tuple[float, ...] = ()  # a verifier sizing its verifications: t(n), n = 1.. tokens fed
     acceptance: tuple[float, ...] = ()  # ... and its drafter's acceptance by draft position
+    draft_value: float = 1.0  # a drafter: the chance its next draft survives (value_stop)
+    draft_cost: float = 0.0  # ... and the target tokens that draft's step delays
 
     @property
     def room(self) -> int:
@@ -140,6 +156,11 @@ def drafts_wanted(role: Role, room: int) -> int:
     return room - 1 if role.min_lead is None else min(role.min_lead, room - 1)
 
 
+def not_worth_a_step(role: Role, view: StageView) -> bool:
+    """value_stop: a model drafter's next draft is worth less than its step costs (it keeps one in lead)."""
+    return role.value_stop > 0 and view.lead > 0 and not view.model_free and view.draft_value < view.draft_cost
+
+
 def next_action(role: Role, view: StageView) -> Action:
     """A stage's next action from its role and what it knows: the schedule of every strategy."""
     if role.is_target:
@@ -150,6 +171,7 @@ def next_action(role: Role, view: StageView) -> Action:
         or view.room <= 1  # the target verifies at most room - 1 drafts: its own token takes the last place
         or view.finished
         or (role.stop_below > 0 and view.lead_confidence < role.stop_below)
+        or (not_worth_a_step(role, view) and not (role.takes_drafts and view.drafts))  # taking costs nothing
     ):
         return Action(IDLE)
     if view.model_free:
@@ -163,14 +185,24 @@ def next_action(role: Role, view: StageView) -> Action:
     return Action(STEP, view.drafts)
 
 
+def survival(n: int, acceptance) -> float:
+    """The chance that the first n drafts of a verification are all accepted (`acceptance` as below)."""
+    chance = 1.0
+    for p in range(n if acceptance else 0):  # nothing known yet: every draft is worth drafting
+        chance *= acceptance[min(p, len(acceptance) - 1)]
+    return chance
+
+
+def draft_cost(value_stop: float, step_s: float, seconds_per_token: float) -> float:
+    """The target tokens one draft step of `step_s` seconds delays: the target's slowdown per second of
+    drafter compute x that time, over the pipeline's time per token (0 until both are known)."""
+    return value_stop * step_s / seconds_per_token if step_s > 0 and seconds_per_token > 0 else 0.0
+
+
 def expected_tokens(n: int, acceptance) -> float:
     """Tokens one verification of n drafts yields on average: the accepted prefix plus the own token.
     `acceptance[p]`: P(draft p + 1 accepted | the drafts before it were); beyond the list, its last rate."""
-    tokens, survive = 1.0, 1.0
-    for p in range(n):
-        survive *= acceptance[min(p, len(acceptance) - 1)]
-        tokens += survive
-    return tokens
+    return 1.0 + sum(survival(p, acceptance) for p in range(1, n + 1))
 
 
 def step_cost(costs, fed: int) -> float:
@@ -218,6 +250,11 @@ class VerifyHistory:
             if p >= accepted:
                 break
             self.accepted[p] += 1
+
+    def step_time(self, fed: int = 1) -> float:
+        """The median of its recent steps feeding `fed` tokens (0: none seen yet)."""
+        recent = sorted(self.times[fed - 1]) if 1 <= fed <= self.max_fed else []
+        return recent[len(recent) // 2] if recent else 0.0
 
     def step_costs(self) -> tuple[float, ...]:
         """t(1), t(2), ... up to the largest size seen; sizes not seen yet interpolated between the sizes

@@ -71,6 +71,8 @@ class StageEngine:
         self.runner = None if self.lookup is not None else CausalLMRunner(load_model(spec))
         self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
         self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests
+        self.kept = schedule.VerifyHistory()  # a drafter: how many of its drafts the next stage kept, by position
+        self.seconds_per_token = 0.0  # a drafter: the pace of the next stage's commits (the last request's)
 
     def start(self) -> None:
         if self.runner is not None:
@@ -108,6 +110,7 @@ class StageRequest:
         self.commits_sent = 0
         self.commits_received = 0
         self.downstream_committed = 0  # length of the next stage's buffer at its last commit
+        self.first_commit: tuple[float, int] | None = None  # (time, length) of this request's first commit received
         self.last_published: tuple | None = None
         self.done = False
         self.fault_fired = False
@@ -128,6 +131,8 @@ class StageRequest:
             self.upstream_more = message.more_coming or message.commits_seen < self.commits_sent
         elif isinstance(message, Commit):
             self.commits_received += 1
+            if self.role.value_stop > 0:
+                self.learn_from_commit(message.buffer)
             self.adopt(message.buffer)
             if self.upstream_rank is not None:
                 self.commit_upstream()
@@ -137,6 +142,20 @@ class StageRequest:
                 self.engine.lookup.observe_output(self.job.prompt_ids, message.tokens)  # a finished output only
         else:
             raise StageFailure(f"stage {self.name}: unexpected message {type(message).__name__}", "raised")
+
+    def learn_from_commit(self, verifier_buffer: list[int]) -> None:
+        """value_stop's online estimates: how many of its drafts the commit decided and kept (by position
+        beyond the previous commit), and the pace of the next stage's commits."""
+        start, decided = self.downstream_committed, min(len(self.out), len(verifier_buffer))
+        if decided > start:
+            kept = next((i for i in range(start, decided) if self.out[i] != verifier_buffer[i]), decided) - start
+            self.engine.kept.record_verification(decided - start, kept)
+        now = time.perf_counter()
+        if self.first_commit is None:
+            self.first_commit = (now, len(verifier_buffer))
+        elif len(verifier_buffer) > self.first_commit[1]:
+            since, length = self.first_commit
+            self.engine.seconds_per_token = (now - since) / (len(verifier_buffer) - length)
 
     def adopt(self, verifier_buffer: list[int]) -> None:
         """Follow the next stage's buffer: roll back where it differs, catch up where it is ahead."""
@@ -242,7 +261,19 @@ class StageRequest:
             lead_confidence=self.lead_confidence() if self.role.stop_below > 0 else 1.0,
             model_free=self.engine.lookup is not None,
             **self.sizing(drafts),
+            **self.worth(),
         )
+
+    def worth(self) -> dict:
+        """What value_stop decides with: the chance the next draft survives and the target tokens its step
+        delays (`schedule.survival`, `schedule.draft_cost`), from this stage's online estimates."""
+        if not self.role.value_stop > 0:
+            return {}
+        engine = self.engine
+        return {
+            "draft_value": schedule.survival(len(self.out) - self.downstream_committed + 1, engine.kept.acceptance()),
+            "draft_cost": schedule.draft_cost(self.role.value_stop, engine.history.step_time(1), engine.seconds_per_token),
+        }
 
     def sizing(self, drafts: int) -> dict:
         """What a sizing verifier decides with (`schedule.verify_size`): its own measured t(n) and its

@@ -23,9 +23,9 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-def _run(cache, out, *overrides, timeout=300):
+def _run(cache, out, *overrides, timeout=300, dataset="humaneval"):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PIPESPEC_CACHE": str(cache)}
-    command = [sys.executable, "-m", "experiments.run", "models=tiny_k2", "dataset=humaneval", "dataset.n_samples=2",
+    command = [sys.executable, "-m", "experiments.run", "models=tiny_k2", f"dataset={dataset}", "dataset.n_samples=2",
                "max_new_tokens=8", "run.progress=false", f"hydra.run.dir={out}", *overrides]  # fmt: skip
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -70,11 +70,33 @@ def test_runner_auto_measures_caches_and_records_the_choice(auto_run, profile_pa
 def test_runner_auto_reuses_a_profile_and_refuses_one_from_elsewhere(cache, profile_path, tmp_path):
     again = _run(cache, tmp_path / "again", "strategy=auto", f"strategy.profile={profile_path}")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "measuring a short one" not in again.stderr
+    assert "measuring a short one" not in again.stdout + again.stderr
     wrong = _run(cache, tmp_path / "k3", "models=tiny_k3", "strategy=auto", f"strategy.profile={profile_path}")
     lines = wrong.stderr.strip().splitlines()
     assert wrong.returncode == 2 and lines[-1].startswith("error: strategy auto") and "hierarchy:" in lines[-1]
     assert not (tmp_path / "k3" / "samples.jsonl").exists()
+
+
+def test_the_cached_short_profile_is_per_dataset(cache, profile_path, tmp_path):
+    """Acceptance differs between datasets: a news run measures its own short profile, a second code run
+    reuses the cached one."""
+    again = _run(cache, tmp_path / "again", "strategy=auto")
+    assert again.returncode == 0 and "measuring a short one" not in again.stdout + again.stderr, again.stderr[-2000:]
+    news = _run(cache, tmp_path / "news", "strategy=auto", dataset="news_lee_cnndm")
+    assert news.returncode == 0 and "measuring a short one" in news.stdout + news.stderr, news.stderr[-2000:]
+    cached = sorted(p.name for p in (cache / "profiles").glob("tiny_k2-*.json"))
+    assert len(cached) == 2 and any("news_lee" in name for name in cached)
+    recorded = json.loads((tmp_path / "news" / "summary.json").read_text())["auto"]["profile"]
+    assert "news_lee" in Path(recorded).name and pf.load_profile(recorded).dataset.startswith("news_lee")
+
+
+def test_profile_prompts_are_for_auto_alone():
+    from pipespec.api import Pipeline
+
+    with pytest.raises(ConfigError, match="profile and profile_prompts are only read by strategy='auto'"):
+        Pipeline(["tiny:draft", "tiny:target"], strategy="pipespec", profile_prompts=["def f():"])
+    with pytest.raises(ConfigError, match="a profile or profile_prompts to measure one on, not both"):
+        autoconf.choose_for_pipeline([], "profile.json", profile_prompts=["def f():"])
 
 
 def _specs(profile_path):

@@ -61,3 +61,56 @@ def test_prepacked_model_decodes_and_verifies_like_the_plain_one(tiny_models):
         assert output == greedy_continuation(plain, prompt, 24)
         packed.start()
         assert packed.forward(prompt, output[:-1]).argmax(-1).tolist() == output
+
+
+def test_experiment_variants_are_parsed_and_a_bad_one_is_refused_in_one_line(capsys):
+    from experiments.kernels import main, parse_variants
+
+    assert parse_variants("onednn, compile") == ("onednn", "compile")
+    for text, message in [("torch,fast", "unknown fast; allowed: torch, onednn, compile"), (",", "at least one"),
+                          ("torch,torch", "named twice")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            parse_variants(text)
+    assert main(["--variants", "onednn,fastest", "models=tiny_k2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --variants: unknown fastest"), err
+
+
+def test_a_failing_compiled_variant_is_reported_and_the_others_measured(tiny_models, monkeypatch, one_thread):
+    """An error of the compiled model (here: at its first call) fails that variant with a one-line reason."""
+    from experiments import kernels
+    from pipespec.tiny import random_prompts
+
+    def broken(model):
+        def forward(*args, **kwargs):
+            raise RuntimeError("inductor said no\n  at some depth")
+
+        model.forward = forward
+        return model
+
+    monkeypatch.setattr(kernels, "compile_forward", broken)
+    prompts = [(f"p{i}", p) for i, p in enumerate(random_prompts(2, length=8, seed=3))]
+    stage = kernels.compare_stage(StageSpec(model=tiny_models([])[-1]), ("torch", "compile", "onednn"), prompts,
+                                  max_fed=2, repeats=1, budget=4, log=lambda text: None)  # fmt: skip
+    assert stage["failed"] == {"compile": "RuntimeError: inductor said no at some depth"}
+    assert list(stage["step_s"]) == ["torch", "onednn"] and all(len(t) == 2 for t in stage["step_s"].values())
+    assert [s["identical"] for s in stage["samples"]] == [True, True]
+    assert "compile" in kernels.format_markdown({"models": "tiny", "dataset": "random", "max_new_tokens": 4,
+                                                 "repeats": 1, "variants": list(stage["variants"]),
+                                                 "machine": {"cpu": {}, "libraries": {"torch": "x"}},
+                                                 "stages": [stage]})  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's imports
+def test_the_compiled_variant_decodes_like_the_prepacked_model(tiny_models, one_thread):
+    """torch.compile of the prepacked model (experiments.kernels' `compile` variant, about 15 s of compiling
+    two graphs here: a prefill, then one token on the grown cache) gives the same greedy tokens."""
+    from experiments.kernels import load_variant
+    from pipespec.models import CausalLMRunner
+    from pipespec.profiling import greedy_continuation
+    from pipespec.tiny import random_prompts
+
+    spec = StageSpec(model=tiny_models([])[-1])
+    compiled, packed = (CausalLMRunner(load_variant(spec, variant)) for variant in ("compile", "onednn"))
+    prompt = random_prompts(1, length=10, seed=5)[0]
+    assert greedy_continuation(compiled, prompt, 12) == greedy_continuation(packed, prompt, 12)

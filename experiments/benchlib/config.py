@@ -90,7 +90,7 @@ def sd_candidates(cfg: Mapping) -> list[tuple[int, float]]:
     return [(w, c) for c in stops for w in windows]
 
 
-SYSTEM_OPTIONS = ("lookahead", "max_lead", "draft_confidence", "size_verification", "cascade")
+SYSTEM_OPTIONS = ("lookahead", "max_lead", "draft_confidence", "size_verification", "cascade", "value_stop")
 
 
 def is_pipespec(system: str) -> bool:
@@ -120,7 +120,7 @@ def check_system_options(cfg: Mapping, systems: Sequence[str]) -> dict[str, dict
         merged = {**cfg["pipespec"], **settings}
         try:
             check_options("pipespec", 3, merged.get("lookahead", 0), merged.get("max_lead"),
-                          merged.get("draft_confidence", 0.0))  # fmt: skip
+                          merged.get("draft_confidence", 0.0), merged.get("value_stop", 0.0))  # fmt: skip
             check_cascade("pipespec", 3, merged.get("cascade", False))
         except ConfigError as error:
             raise BenchConfigError(f"system_options.{system}: {error}") from None

@@ -101,7 +101,7 @@ class Systems:
     builds them; `close()` shuts everything down. The sd window and HF assisted settings are chosen by
     `choose_settings` (the pre-passes) and read by the systems at every call."""
 
-    def __init__(self, cfg: Mapping[str, Any], setup: Setup):
+    def __init__(self, cfg: Mapping[str, Any], setup: Setup, profile_prompts: list | None = None):
         from experiments.benchlib.hf import HFBaseline
         from pipespec.api import Pipeline
 
@@ -112,7 +112,8 @@ class Systems:
         self.pipespec = {"strategy": "pipespec", "lookahead": pipespec["lookahead"], "max_lead": pipespec["max_lead"],
                          "draft_confidence": pipespec["draft_confidence"],
                          "size_verification": pipespec.get("size_verification", False),
-                         "cascade": pipespec.get("cascade", False)}  # fmt: skip
+                         "cascade": pipespec.get("cascade", False),
+                         "value_stop": pipespec.get("value_stop", 0.0)}  # fmt: skip
         window, confidence = sd_candidates(cfg)[0]
         sd = {"strategy": "sd", "lookahead": window, "max_lead": cfg["sd"]["max_lead"], "draft_confidence": confidence}
         self.sd = {name: dict(sd) for name in self.wanted if is_sd(name)}  # per sd system: its pre-pass's choice
@@ -131,7 +132,7 @@ class Systems:
             if "auto" in self.wanted:
                 self.auto_hierarchy = setup.k3 if cfg["auto"]["hierarchy"] == "k3" else setup.k2
                 self.pipes["auto"] = Pipeline(self.auto_hierarchy.stages, strategy="auto",
-                                              profile=cfg["auto"].get("profile"),
+                                              profile=cfg["auto"].get("profile"), profile_prompts=profile_prompts,
                                               stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
             for pipe in self.pipes.values():
                 pipe.start()
