@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 PY=${PY:-.venv/bin/python}
-OUT=${1:-results/bench/heldout_offset20}
+OUT=${1:-results/bench/heldout_offset20_vs}
 shift || true
 SYSTEMS='systems=[hf_greedy,hf_assisted,hf_prompt_lookup,greedy,sd,pipespec_k2,pipespec_k3,auto,sd@smollm2_suffix_fp32,pipespec@smollm2_suffix_fp32,pipespec@smollm2_suffix_int8_fp32,pipespec@smollm2_int8_fp32,pipespec@smollm2_int8v16k_fp32]'
 echo "[bench_heldout] $(date -u +%FT%TZ) load: $(cut -d' ' -f1-3 /proc/loadavg)"
