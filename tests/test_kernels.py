@@ -99,18 +99,3 @@ def test_a_failing_compiled_variant_is_reported_and_the_others_measured(tiny_mod
                                                  "repeats": 1, "variants": list(stage["variants"]),
                                                  "machine": {"cpu": {}, "libraries": {"torch": "x"}},
                                                  "stages": [stage]})  # fmt: skip
-
-
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's imports
-def test_the_compiled_variant_decodes_like_the_prepacked_model(tiny_models, one_thread):
-    """torch.compile of the prepacked model (experiments.kernels' `compile` variant, about 15 s of compiling
-    two graphs here: a prefill, then one token on the grown cache) gives the same greedy tokens."""
-    from experiments.kernels import load_variant
-    from pipespec.models import CausalLMRunner
-    from pipespec.profiling import greedy_continuation
-    from pipespec.tiny import random_prompts
-
-    spec = StageSpec(model=tiny_models([])[-1])
-    compiled, packed = (CausalLMRunner(load_variant(spec, variant)) for variant in ("compile", "onednn"))
-    prompt = random_prompts(1, length=10, seed=5)[0]
-    assert greedy_continuation(compiled, prompt, 12) == greedy_continuation(packed, prompt, 12)
