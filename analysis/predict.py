@@ -5,7 +5,9 @@
 
 The simulator (`analysis.simulate`, the engine's own schedule) plays the hierarchy with the profile's
 costs: t(n) from the one step-cost fit (`analysis.fit.fit_step_cost`) over the profile's alone and
-loaded points, whose contention slows a stage per other computing stage; acceptance by draft position
+loaded points, whose contention slows a stage per other computing stage; acceptance read off the
+profile's continuations position by position (`simulate.AlongContinuations`, one simulated generation
+per continuation), or drawn from its rates by draft position in profiles without them
 (`simulate.ByPosition`); a model-free drafter's proposal rate as its supply; the handoff latency per
 commit hop. The paper's model (Eq. 4 / Eq. 5, `analysis.fit.paper_tokens_per_s`) is printed beside,
 with alpha the mean of the last pair's per-position rates and gamma the lookahead (sd) or max_lead.
@@ -82,6 +84,19 @@ def _fit(profile: Profile, stage: int):
     return profile.stages[stage].cost_fit(sum(not s.model_free for s in profile.stages) - 1)
 
 
+def acceptance(pair: PairProfile):
+    """The simulator's acceptance for a pair: read off the profile's continuations where it has them
+    (`sim.AlongContinuations`), else drawn from its rates by position."""
+    if pair.runs:
+        return sim.AlongContinuations(pair.runs, pair.acceptance_by_position)
+    return sim.ByPosition(pair.acceptance_by_position)
+
+
+def _seeds(pairs: Sequence[PairProfile]) -> int:
+    """Simulated generations: SEEDS, or one per profile continuation when there are more."""
+    return max([SEEDS, *(len(p.runs) for p in pairs)])
+
+
 def _inputs(profile: Profile, stages: Sequence[int]):
     pairs = subset_pairs(profile, stages)
     costs, contention, supply = [], [], []
@@ -95,7 +110,7 @@ def _inputs(profile: Profile, stages: Sequence[int]):
         costs.append(sim.TableCost(stage.step_s_alone))  # measured t(n): not smooth on every CPU
         contention.append(_fit(profile, i).contention)
         supply.append(None)
-    acceptances = [sim.ByPosition(p.acceptance_by_position) for p in pairs]
+    acceptances = [acceptance(p) for p in pairs]
     return costs, contention, supply, acceptances, pairs
 
 
@@ -129,7 +144,7 @@ def predict(profile: Profile, strategy: str = "pipespec", lookahead: int = 0, ma
     # each model stage reads the prompt in its first step: one after another in sd, side by side in pipespec
     prefill = [prompt_tokens * profile.stages[i].prefill_s_per_token for i in stages if not profile.stages[i].model_free]
     runs = []
-    for seed in range(SEEDS):
+    for seed in range(_seeds(pairs)):
         if strategy == "sd":
             result = sim.simulate_sync_sd(costs, acceptances, lookahead, tokens, seed=seed, supply=supply,
                                           end_at_budget=True, size_verification=size_verification)  # fmt: skip

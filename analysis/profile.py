@@ -60,6 +60,9 @@ class PairProfile:
     acceptance_by_position: tuple[float, ...]  # P(draft p accepted | drafts before it accepted)
     proposal_rate: float  # share of starts where the drafter proposed anything
     mean_proposal_length: float
+    # per continuation, per position: how many drafts in a row the drafter got right from there
+    # (`pipespec.profiling.model_runs` / `proposal_runs`); empty in profiles measured before 2026-12-02
+    runs: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,16 @@ def _pair(data: Any, i: int) -> PairProfile:
     clean = tuple(0.0 if r is None else _number(r, f"{where}.acceptance_by_position[{p}]") for p, r in enumerate(rates))
     if max(clean) > 1:
         raise ProfileError(f"{where}.acceptance_by_position holds a rate above 1")
+    runs = data.get("runs") or []
+    if not isinstance(runs, list) or not all(
+        isinstance(along, list) and along and all(type(r) is int and r >= 0 for r in along) for along in runs
+    ):  # fmt: skip
+        raise ProfileError(f"{where}.runs must be a list of non-empty lists of counts >= 0")
     return PairProfile(
         str(data.get("drafter")), str(data.get("verifier")), clean,
         _number(data.get("proposal_rate"), f"{where}.proposal_rate"),
         _number(data.get("mean_proposal_length"), f"{where}.mean_proposal_length"),
+        tuple(tuple(along) for along in runs),
     )  # fmt: skip
 
 

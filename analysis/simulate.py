@@ -128,7 +128,7 @@ class Bernoulli:
         if not (0.0 <= self.alpha <= 1.0):
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha!r}")
 
-    def sampler(self, rng: np.random.Generator) -> "_BernoulliSampler":
+    def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_BernoulliSampler":
         return _BernoulliSampler(self.alpha, rng)
 
 
@@ -155,7 +155,7 @@ class Replay:
     def agree_rate(self) -> float:
         return estimate_alpha(self.counts) if self.agree_prob is None else self.agree_prob
 
-    def sampler(self, rng: np.random.Generator) -> "_ReplaySampler":
+    def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_ReplaySampler":
         return _ReplaySampler(self.counts, self.agree_rate, rng)
 
 
@@ -171,7 +171,7 @@ class ByPosition:
         if not self.rates or not all(0.0 <= r <= 1.0 for r in self.rates):
             raise ValueError(f"rates must be a non-empty sequence of probabilities, got {self.rates!r}")
 
-    def sampler(self, rng: np.random.Generator) -> "_ByPositionSampler":
+    def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_ByPositionSampler":
         return _ByPositionSampler(self.rates, rng)
 
 
@@ -180,17 +180,52 @@ class _ByPositionSampler:
         self.rates = rates
         self.rng = rng
 
-    def verify(self, offered: int) -> int:
+    def verify(self, offered: int, start: int = 0) -> int:
         accepted = 0
         while accepted < offered and self.rng.random() < self.rates[min(accepted, len(self.rates) - 1)]:
             accepted += 1
         return accepted
 
-    def agrees(self) -> bool:
+    def agrees(self, position: int = 0) -> bool:
         return bool(self.rng.random() < self.rates[0])  # the drafter's token at the first open position
 
 
-AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, Sequence[int]]
+@dataclass(frozen=True)
+class AlongContinuations:
+    """Acceptance read off real continuations instead of drawn: ``runs[c][j]`` is how many drafts in a row
+    the drafter gets right from output position j of continuation c (`pipespec.profiling`: its greedy
+    drafts along the verifier's greedy continuation of a profile prompt). A verification of ``offered``
+    drafts starting at position j accepts min(offered, runs[c][j]), so easy and hard stretches of a text
+    come as they came (drawing each verification independently from the rates by position spreads
+    them evenly, which under-predicts a pipeline whose drafter runs ahead through an easy stretch).
+    Generation s follows continuation s mod len(runs), the same one for every pair of a chain;
+    positions beyond a continuation wrap around to its start."""
+
+    runs: tuple[tuple[int, ...], ...]
+    rates: tuple[float, ...]  # the same pair's acceptance by position (a verifier sizing its verifications)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runs", tuple(tuple(int(r) for r in runs) for runs in self.runs))
+        object.__setattr__(self, "rates", tuple(float(r) for r in self.rates))
+        if not self.runs or not all(self.runs) or any(r < 0 for runs in self.runs for r in runs):
+            raise ValueError("runs must be non-empty sequences of counts >= 0, one per continuation")
+
+    def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_AlongSampler":
+        return _AlongSampler(self.runs[seed % len(self.runs)])
+
+
+class _AlongSampler:
+    def __init__(self, runs: tuple[int, ...]) -> None:
+        self.runs = runs
+
+    def verify(self, offered: int, start: int = 0) -> int:
+        return min(offered, self.runs[start % len(self.runs)])
+
+    def agrees(self, position: int = 0) -> bool:
+        return self.runs[position % len(self.runs)] >= 1
+
+
+AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, AlongContinuations, Sequence[int]]
 
 
 class _BernoulliSampler:
@@ -198,7 +233,7 @@ class _BernoulliSampler:
         self.alpha = alpha
         self.rng = rng
 
-    def verify(self, offered: int) -> int:
+    def verify(self, offered: int, start: int = 0) -> int:
         """Accepted prefix length of ``offered`` i.i.d. drafts (truncated geometric)."""
         if self.alpha >= 1.0:
             return offered
@@ -207,7 +242,7 @@ class _BernoulliSampler:
         # trials up to and including the first rejection, minus that rejection
         return min(int(self.rng.geometric(1.0 - self.alpha)) - 1, offered)
 
-    def agrees(self) -> bool:
+    def agrees(self, position: int = 0) -> bool:
         return bool(self.rng.random() < self.alpha)
 
 
@@ -218,17 +253,17 @@ class _ReplaySampler:
         self.rng = rng
         self.next_index = 0
 
-    def verify(self, offered: int) -> int:
+    def verify(self, offered: int, start: int = 0) -> int:
         count = self.counts[self.next_index % len(self.counts)]
         self.next_index += 1
         return min(count - 1, offered)
 
-    def agrees(self) -> bool:
+    def agrees(self, position: int = 0) -> bool:
         return bool(self.rng.random() < self.agree_prob)
 
 
-def _as_acceptance(spec: AcceptanceSpec) -> Bernoulli | Replay:
-    if isinstance(spec, (Bernoulli, Replay, ByPosition)):
+def _as_acceptance(spec: AcceptanceSpec) -> Bernoulli | Replay | ByPosition | AlongContinuations:
+    if isinstance(spec, (Bernoulli, Replay, ByPosition, AlongContinuations)):
         return spec
     if isinstance(spec, numbers.Real) and not isinstance(spec, bool):
         return Bernoulli(float(spec))  # a plain number is an i.i.d. acceptance probability
@@ -613,7 +648,7 @@ def _cost_table(cost) -> list[float]:
 
 
 def _rates(spec) -> tuple[float, ...]:
-    if isinstance(spec, ByPosition):
+    if isinstance(spec, (ByPosition, AlongContinuations)):
         return spec.rates
     if isinstance(spec, Bernoulli):
         return (spec.alpha,)
@@ -679,7 +714,7 @@ def _simulate_schedule(
     took = [False]  # a cascade passed drafts on during this pass of start_all
 
     rng = np.random.default_rng(seed)
-    samplers = [spec.sampler(rng) for spec in acceptances]
+    samplers = [spec.sampler(rng, seed) for spec in acceptances]
     tokens = _Tokens()
     stages = [_Stage() for _ in costs]
     last = len(stages) - 1
@@ -749,7 +784,7 @@ def _simulate_schedule(
             # a verifier's own token made before our token at its position existed: equal or not, by the
             # pair's agreement (the engine compares token ids); a rejection's replacement always differs
             position = tokens.position[theirs]
-            if position >= len(stage.buffer) or theirs not in tokens.unseen or not samplers[j].agrees():
+            if position >= len(stage.buffer) or theirs not in tokens.unseen or not samplers[j].agrees(position):
                 break
             tokens.merge(stage.buffer[position], theirs)
         changed = tokens.rebase(stage.buffer, token)
@@ -838,7 +873,7 @@ def _simulate_schedule(
         stage = stages[i]
         drafts = stage.step_drafts
         sampler = samplers[i - 1]
-        accepted = sampler.verify(len(drafts)) if drafts else 0
+        accepted = sampler.verify(len(drafts), len(stage.buffer)) if drafts else 0
         stage.buffer.extend(drafts[:accepted])
         stage.cached = len(stage.buffer)  # own uncached tokens and accepted drafts are now cached
         own = None
@@ -847,7 +882,7 @@ def _simulate_schedule(
         if accepted == len(drafts):
             # bonus or single-token step: the drafter may already hold a token at this position
             if (len(upstream) > position and tokens.agree_through(upstream, stage.buffer, position)
-                    and sampler.agrees()):  # fmt: skip
+                    and sampler.agrees(position)):  # fmt: skip
                 own = upstream[position]  # same token: the drafter keeps its continuation
         unseen = accepted == len(drafts) and len(upstream) <= position
         stage.buffer.append(own if own is not None else tokens.new(stage.buffer, unseen))

@@ -113,7 +113,7 @@ class TwoRateAcceptance(sim.Bernoulli):
         if not 0.0 <= self.first <= 1.0:
             raise ValueError(f"first must be in [0, 1], got {self.first!r}")
 
-    def sampler(self, rng: np.random.Generator) -> "_TwoRateSampler":
+    def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_TwoRateSampler":
         return _TwoRateSampler(self.first, self.alpha, rng)
 
 
@@ -126,7 +126,7 @@ class _TwoRateSampler:
         self.fresh = True  # the next verification's first draft starts a run
         self.bonus_next = False  # the next agrees() is the bonus position of a fully accepted verification
 
-    def verify(self, offered: int) -> int:
+    def verify(self, offered: int, start: int = 0) -> int:
         accepted, probability = 0, self.first if self.fresh else self.later
         while accepted < offered and self.rng.random() < probability:
             accepted += 1
@@ -135,7 +135,7 @@ class _TwoRateSampler:
         self.bonus_next = not self.fresh
         return accepted
 
-    def agrees(self) -> bool:
+    def agrees(self, position: int = 0) -> bool:
         if self.bonus_next:  # the run goes on through the bonus position, or breaks there
             agreed = bool(self.rng.random() < self.later)
             self.fresh = not agreed

@@ -106,6 +106,19 @@ def _prompt_ids(prompt: Any) -> list[int]:
     return [int(t) for t in prompt]
 
 
+def encode_prompt(tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """A prompt's token ids: a string encoded without special tokens, or token ids checked against the
+    vocabulary."""
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+    ids = _prompt_ids(prompt)
+    vocab = len(tokenizer)
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(f"prompt ids {bad[:5]} are outside the vocabulary (size {vocab})")
+    return ids
+
+
 def _context():
     # a fork server imports torch and transformers once; stage processes are forked from it. transformers
     # imports its model code lazily (about 3 CPU-s per process): preload the LLaMA family's (all ours use it)
@@ -443,14 +456,7 @@ class Pipeline:
 
     # ---- generation -------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
-        ids = _prompt_ids(prompt)
-        vocab = len(self.tokenizer)
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ConfigError(f"prompt ids {bad[:5]} are outside the vocabulary (size {vocab})")
-        return ids
+        return encode_prompt(self.tokenizer, prompt)
 
     @contextlib.contextmanager
     def _turn(self, timeout_s: float | None = None):

@@ -181,6 +181,7 @@ def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoCho
     measuring a missing short profile on the run's own first prompts."""
     from pipespec.data import build_prompt_ids
     from pipespec.models import check_shared_vocabulary, context_length
+    from pipespec.profiling import SHORT_PROMPTS
 
     strategy = config["strategy"]
     check_auto_options(strategy.get("draft_confidence", 0.0), strategy.get("value_stop", 0.0))
@@ -190,7 +191,8 @@ def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoCho
         family = config["models"].get("family", "base")
         limit = context_length(specs[-1].model)
         return dataset.name, [(s.sample_id, build_prompt_ids(s, config["dataset"]["prompt"], tokenizer, family, limit,
-                                                             config["max_new_tokens"])[0]) for s in dataset.samples]
+                                                             config["max_new_tokens"])[0])
+                              for s in dataset.samples[:SHORT_PROMPTS]]  # fmt: skip
 
     return choose(specs, strategy.get("profile"), config["models"]["name"], prompts)
 
@@ -219,8 +221,9 @@ def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | N
 
 
 def _prompt_ids(prompt, tokenizer) -> list[int]:
-    if isinstance(prompt, str):
-        return list(tokenizer.encode(prompt, add_special_tokens=False))
-    if not isinstance(prompt, (list, tuple)) or not prompt or not all(type(t) is int and t >= 0 for t in prompt):
-        raise ConfigError(f"profile_prompts must hold strings or non-empty lists of token ids, got {prompt!r:.60}")
-    return list(prompt)
+    from pipespec.api import encode_prompt
+
+    ids = encode_prompt(tokenizer, prompt)
+    if not ids:
+        raise ConfigError(f"profile_prompts must hold non-empty prompts, got {prompt!r:.60}")
+    return ids

@@ -2,24 +2,27 @@
 
 - per model stage, t(n) for n = 1..max_fed tokens fed on a warm KV cache (medians of `repeats`), alone
   and while every other model stage of the hierarchy runs its own steady one-token loop in another
-  process (contention measured, not assumed), and the prefill cost per prompt token;
+  process (contention measured, not assumed), the two conditions in alternating sweeps (the other
+  stages paused between steps, then running) so that the machine's drift cannot pass for contention,
+  and the prefill cost per prompt token;
 - per drafter/verifier pair (adjacent pairs in `pairs`; every drafter with every later verifier
-  in `skip_pairs`, for hierarchies that leave a stage out), acceptance by draft position: the
-  drafter drafts `draft_k` tokens greedily along the verifier's own greedy continuation of each
-  prompt, from the points where decoding would draft again: the next draft starts after the
-  accepted prefix and the verifier's own token (a walk, as speculative decoding advances).
-  Position p's rate is the share of drafts accepted there among those whose earlier positions
-  were all accepted. Starting at fixed strides instead (profile version 1) over-estimates it: the
-  token after a rejection is where a drafter, prompt lookup above all, is weakest. For a
-  model-free drafter (prompt lookup, suffix), how often it has a proposal at those points and
-  how long it is;
+  in `skip_pairs`, for hierarchies that leave a stage out), along the verifier's own greedy
+  continuation of each prompt: at every position, how many drafts in a row the drafter gets right
+  from there (`runs`; a model drafter's from one pass of one-token steps, `model_runs`; a model-free
+  drafter's proposal there and its length, `proposal_runs`). The simulator reads acceptance off
+  these (`analysis.simulate.AlongContinuations`). From them, acceptance by draft position along the
+  walk decoding takes: the next draft starts after the accepted prefix and the verifier's own token.
+  Position p's rate is the share of drafts accepted there among those whose earlier positions were
+  all accepted. Starting at fixed strides instead (profile version 1) over-estimates it: the token
+  after a rejection is where a drafter, prompt lookup above all, is weakest. For a model-free
+  drafter (prompt lookup, suffix), how often it has a proposal at those points and how long it is;
 - the handoff latency of one message between stages, from a short real pipeline run's traces
   (`analysis.fit`'s estimate);
 - the machine (CPU, vector extensions, threads per stage, library versions) and the sample ids used.
 
 `analysis.profile` reads the file without torch. Wall time: the models' loading plus about
-(2 * max_fed * (repeats + 1) steps per model stage) + (prompts * continuation / mean acceptance
-length * draft_k drafter steps per pair). `costs_from` reuses another profile's step costs, prefill
+(2 * max_fed * (repeats + 1) steps per model stage) + prompts * continuation steps of each verifier
+and of each model drafter per pair. `costs_from` reuses another profile's step costs, prefill
 and handoff (same machine and stages) and measures only acceptance: acceptance depends on the
 prompts, costs on the machine.
 """
@@ -33,12 +36,13 @@ import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from pipespec.errors import ConfigError
 from pipespec.models import StageSpec
 
 BACKGROUND_START_S = 300.0  # a background stage must have loaded its model and started within this
+BACKGROUND_STEP_S = 30.0  # and pause within this (one step) when told to
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,11 @@ class ProfileOptions:
                 raise ConfigError(f"profile.{name} must be an integer >= {minimum}, got {value!r}")
 
 
-# the short profile `auto` measures when it has none (pipespec.autoconf): a minute at most for SmolLM2
-SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=2, continuation=24, draft_k=6, handoff_tokens=8)
-SHORT_PROMPTS = 2
+# the short profile `auto` measures when it has none (pipespec.autoconf): a minute at most for SmolLM2.
+# Acceptance takes most of it (4 prompts x 32 tokens: 2 x 24 left some pairs with a dozen drafts); the
+# handoff is not measured (a pipeline's start, about 10 s, for about 1 ms a hop here): predicted with none.
+SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=4, continuation=32, draft_k=6, handoff_tokens=0)
+SHORT_PROMPTS = 4
 
 
 def machine_facts(specs: Sequence[StageSpec]) -> dict:
@@ -99,9 +105,11 @@ def step_costs(runner, context: Sequence[int], max_fed: int, repeats: int) -> li
     return interleaved_step_costs({None: runner}, context, max_fed, repeats)[None]
 
 
-def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, repeats: int) -> dict:
+def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, repeats: int,
+                           before: Callable[[Any], None] | None = None) -> dict:
     """`step_costs` of several runners at once ({key: runner} -> {key: t(n) list}), their sweeps alternating
-    (in turn, then in reverse order) so that drift of the machine falls on all of them."""
+    (in turn, then in reverse order) so that drift of the machine falls on all of them. `before(key)` runs
+    before each sweep of that key (e.g. the same runner under two conditions, `loaded_step_costs`)."""
     filler = [int(context[-1])] * max_fed
     times = {key: [[] for _ in range(max_fed)] for key in runners}
     for runner in runners.values():
@@ -110,6 +118,8 @@ def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, 
     for sweep in range(repeats + 1):  # the first is a warm-up
         for key in list(runners) if sweep % 2 == 0 else list(reversed(runners)):
             runner = runners[key]
+            if before is not None:
+                before(key)
             for n in range(1, max_fed + 1):
                 runner.truncate(len(context) - 1)
                 started = time.perf_counter()
@@ -117,6 +127,17 @@ def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, 
                 if sweep:
                     times[key][n - 1].append(time.perf_counter() - started)
     return {key: [statistics.median(t) for t in per_n] for key, per_n in times.items()}
+
+
+def loaded_step_costs(runner, context: Sequence[int], max_fed: int, repeats: int,
+                      background: "Background", others: Sequence[int]) -> tuple[list[float], list[float]]:
+    """t(n) of `runner` alone and while the background stages `others` run their steady loops, the two
+    conditions in alternating sweeps (the background paused, then running, then running, then paused...):
+    contention is their ratio, so a slow spell of the machine must not fall on one condition only."""
+    costs = interleaved_step_costs({"alone": runner, "loaded": runner}, context, max_fed, repeats,
+                                   before=lambda key: background.run_only(others if key == "loaded" else ()))
+    background.run_only(())
+    return costs["alone"], costs["loaded"]
 
 
 def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:
@@ -130,52 +151,89 @@ def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:
     return statistics.median(rates)
 
 
-def _steady_loop(spec: StageSpec, context: list[int], ready, stop) -> None:
-    """A background stage: one-token steps on a growing sequence until told to stop."""
+def _steady_loop(spec: StageSpec, context: list[int], ready, stop, run, paused, steps) -> None:
+    """A background stage: one-token steps on a growing sequence while `run` is set, until told to stop;
+    `paused` is set whenever it is between steps with `run` clear; `steps` counts its steps."""
     runner = _runner(spec)
     sequence = list(context)
     while not stop.is_set():
+        if not run.is_set() and ready.is_set():
+            paused.set()
+            run.wait(0.05)  # wakes at once when set; polls so that `stop` is seen
+            continue
         if runner.cache_length > len(context) + 256:
             runner.truncate(len(context) - 1)
             sequence = list(context)
         sequence.append(int(runner.forward(sequence, []).argmax()))
+        steps.value += 1
         ready.set()  # after its first step: loaded and computing
 
 
 class Background:
-    """The other model stages of the hierarchy running their own steady loops, in other processes."""
+    """Other model stages of the hierarchy running their own steady loops, each in a process of its own,
+    all loading at once. They run from the start; `run_only(indices)` pauses the others."""
 
     def __init__(self, specs: Sequence[StageSpec], context: Sequence[int]):
         self.context = [int(t) for t in context]
         self.specs = list(specs)
         self.processes: list = []
+        self.runs: list = []
+        self.pauses: list = []
+        self.steps: list = []  # per stage, a shared count of the steps it took
 
     def __enter__(self) -> "Background":
         ctx = multiprocessing.get_context("spawn")
         self.stop = ctx.Event()
         readies = []
         for spec in self.specs:
-            ready = ctx.Event()
-            process = ctx.Process(target=_steady_loop, args=(spec, self.context, ready, self.stop), daemon=True)
+            ready, run, paused, steps = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("q", 0, lock=False)
+            run.set()
+            process = ctx.Process(target=_steady_loop, daemon=True,
+                                  args=(spec, self.context, ready, self.stop, run, paused, steps))  # fmt: skip
             process.start()
             self.processes.append(process)
             readies.append(ready)
+            self.runs.append(run)
+            self.pauses.append(paused)
+            self.steps.append(steps)
+        deadline = time.monotonic() + BACKGROUND_START_S
         for spec, ready, process in zip(self.specs, readies, self.processes):
-            if not ready.wait(BACKGROUND_START_S):
-                self.__exit__(None, None, None)
-                raise RuntimeError(f"background stage {spec.name or spec.model} did not start within "
-                                   f"{BACKGROUND_START_S:.0f} s (exit code {process.exitcode})")  # fmt: skip
+            while not ready.wait(0.2):
+                if not process.is_alive() or time.monotonic() > deadline:
+                    self.__exit__(None, None, None)
+                    why = (f"ended with exit code {process.exitcode}" if not process.is_alive()
+                           else f"did not start within {BACKGROUND_START_S:.0f} s")  # fmt: skip
+                    raise RuntimeError(f"background stage {spec.name or spec.model} {why}")
         return self
 
-    def check(self) -> None:
-        """Every background stage was still computing (else the measurement was not under load)."""
-        for spec, process in zip(self.specs, self.processes):
-            if not process.is_alive():
+    def run_only(self, indices: Sequence[int]) -> None:
+        """Let the stages at `indices` (positions in `specs`) step and pause the others, returning once
+        every paused one has finished its step."""
+        pausing = []
+        for i, (run, paused) in enumerate(zip(self.runs, self.pauses)):
+            if i in indices:
+                run.set()
+            elif run.is_set():
+                paused.clear()
+                run.clear()
+                pausing.append(i)
+        for i in pausing:
+            if not self.pauses[i].wait(BACKGROUND_STEP_S):
+                raise RuntimeError(f"background stage {self.specs[i].name or self.specs[i].model} did not pause "
+                                   f"within {BACKGROUND_STEP_S:.0f} s (exit code {self.processes[i].exitcode})")
+        self.check(indices)
+
+    def check(self, indices: Sequence[int] | None = None) -> None:
+        """Every background stage (of `indices`) was still computing (else the measurement was not under load)."""
+        for i, (spec, process) in enumerate(zip(self.specs, self.processes)):
+            if (indices is None or i in indices) and not process.is_alive():
                 raise RuntimeError(f"background stage {spec.name or spec.model} ended early "
                                    f"(exit code {process.exitcode}): no contention was measured")  # fmt: skip
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
+        for run in self.runs:
+            run.set()
         for process in self.processes:
             process.join(10.0)
             if process.is_alive():
@@ -194,51 +252,71 @@ def greedy_continuation(runner, prompt: Sequence[int], tokens: int) -> list[int]
     return sequence[len(prompt) :]
 
 
-class ModelDrafter:
-    """Greedy drafting with one model, reusing the KV cache of the longest prefix it already holds."""
+def model_runs(runner, prompt: Sequence[int], continuation: Sequence[int]) -> list[int]:
+    """Per position j of `continuation`: how many greedy drafts in a row a model drafter gets right from j.
 
-    def __init__(self, runner):
-        self.runner = runner
-        runner.start()
-        self.held: list[int] = []  # the tokens in the cache
+    While its drafts are right, a drafter's draft at position j is its argmax after the prompt and the
+    continuation's first j tokens: one pass of one-token steps over the continuation gives them all
+    (teacher forcing), instead of `draft_k` steps per start. One-token steps, not one call over the whole
+    continuation: int8 activations are quantized per call, and a long call changes the argmax
+    (first-position acceptance 0.60 against 0.87 on four HumanEval problems). The int8 drafter's argmax
+    also depends on how its cache was built: against the earlier walk (`draft_k` one-token drafts from
+    each start, a few tokens a call on a rollback), int8 -> fp32 on HumanEval 0-9 gives 0.77 against
+    0.84 at the first position; the held-out runs lie between (sd window 4: mean acceptance length 3.72
+    measured, 3.43 and 3.96 predicted from the two)."""
+    runner.start()
+    sequence = list(prompt)
+    right = []
+    for token in continuation:
+        right.append(int(runner.forward(sequence, []).argmax()) == int(token))
+        sequence.append(int(token))
+    return _runs(right)
 
-    def __call__(self, sequence: Sequence[int], k: int) -> list[int]:
-        sequence = list(sequence)
-        common = 0
-        while common < min(len(self.held), len(sequence) - 1) and self.held[common] == sequence[common]:
-            common += 1
-        self.runner.truncate(common)
-        drafts: list[int] = []
-        for _ in range(k):
-            drafts.append(int(self.runner.forward(sequence + drafts, []).argmax()))
-        self.held = (sequence + drafts)[: self.runner.cache_length]
-        return drafts
+
+def proposal_runs(propose, prompt: Sequence[int], continuation: Sequence[int], k: int) -> tuple[list[int], list[int]]:
+    """A model-free drafter's proposal at every position j of `continuation` (`propose(sequence, k)`):
+    how many of its tokens are right from j, and how many it proposed."""
+    runs, proposed = [], []
+    for j in range(len(continuation)):
+        proposal = propose(list(prompt) + list(continuation[:j]), min(k, len(continuation) - j))
+        run = next((p for p, token in enumerate(proposal) if token != continuation[j + p]), len(proposal))
+        runs.append(run)
+        proposed.append(len(proposal))
+    return runs, proposed
 
 
-def acceptance_by_position(drafter, prompts, continuations, options: ProfileOptions) -> dict:
-    """`drafter(sequence, k) -> drafts`; per position: drafts offered there (all earlier ones accepted)
-    and accepted. Also how often the drafter proposed anything and the mean proposal length.
+def _runs(right: Sequence[bool]) -> list[int]:
+    runs = [0] * (len(right) + 1)
+    for j in range(len(right) - 1, -1, -1):
+        runs[j] = runs[j + 1] + 1 if right[j] else 0
+    return runs[:-1]
 
-    Drafts start where decoding would draft again: after the accepted prefix and the verifier's own
-    token (the correction, or the bonus token), or one token on when the drafter had nothing."""
-    offered = [0] * options.draft_k
-    accepted = [0] * options.draft_k
+
+def acceptance_by_position(runs: Sequence[Sequence[int]], proposed: Sequence[Sequence[int]] | None,
+                           draft_k: int) -> dict:  # fmt: skip
+    """Acceptance by draft position along the decoding walk, from per-position runs (`model_runs`,
+    `proposal_runs`; `proposed` None: a model drafter always drafts `draft_k`): per position, drafts
+    offered there (all earlier ones accepted) and accepted; how often the drafter proposed anything and
+    the mean proposal length. Drafts start where decoding would draft again: after the accepted prefix
+    and the verifier's own token (the correction, or the bonus token), or one token on when the drafter
+    had nothing."""
+    offered = [0] * draft_k
+    accepted = [0] * draft_k
     proposals = lengths = starts = 0
-    for prompt, continuation in zip(prompts, continuations):
+    for c, along in enumerate(runs):
         start = 0
-        while start < len(continuation) - 1:
-            truth = continuation[start:]
-            drafts = drafter(list(prompt) + continuation[:start], min(options.draft_k, len(truth)))
+        while start < len(along) - 1:
+            k = min(draft_k, len(along) - start)
+            k = k if proposed is None else min(k, proposed[c][start])
+            run = min(along[start], k)
             starts += 1
-            proposals += bool(drafts)
-            lengths += len(drafts)
-            run = 0
-            for p, token in enumerate(drafts):
+            proposals += k > 0
+            lengths += k
+            for p in range(k):
                 offered[p] += 1
-                if token != truth[p]:
+                if p >= run:
                     break
                 accepted[p] += 1
-                run += 1
             start += run + 1
     rates = [a / o if o else None for a, o in zip(accepted, offered)]
     return {
@@ -321,23 +399,26 @@ def measure_profile(
     stages = [{"name": spec.label, **stage_identity(spec)} for spec in specs]
     reused, handoff = reused_costs(costs_from, stages, machine) if costs_from is not None else (None, None)
     runners = {i: _runner(specs[i]) for i in model_stages}
-    for i, entry in enumerate(stages):
-        if i not in runners:
-            continue
+    measured = [i for i in model_stages if reused is None]
+    for i in model_stages:
         if reused is not None:
-            entry.update(reused[i])
-            continue
-        log(f"profile: {entry['name']}: t(n) alone")
-        entry["step_s_alone"] = step_costs(runners[i], context, options.max_fed, options.repeats)
-        entry["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
-        others = [specs[j] for j in model_stages if j != i]
-        if others:
-            log(f"profile: {entry['name']}: t(n) while {len(others)} other stage(s) run")
-            with Background(others, context) as background:
-                entry["step_s_loaded"] = step_costs(runners[i], context, options.max_fed, options.repeats)
-                background.check()
-        else:
-            entry["step_s_loaded"] = list(entry["step_s_alone"])
+            stages[i].update(reused[i])
+    if len(measured) == 1:
+        i = measured[0]
+        log(f"profile: {stages[i]['name']}: t(n)")
+        stages[i]["step_s_alone"] = step_costs(runners[i], context, options.max_fed, options.repeats)
+        stages[i]["step_s_loaded"] = list(stages[i]["step_s_alone"])
+    elif measured:
+        log(f"profile: starting {len(measured)} background stages")
+        with Background([specs[i] for i in measured], context) as background:
+            for position, i in enumerate(measured):
+                log(f"profile: {stages[i]['name']}: t(n) alone and while {len(measured) - 1} other stage(s) run")
+                others = [p for p in range(len(measured)) if p != position]
+                alone, loaded = loaded_step_costs(runners[i], context, options.max_fed, options.repeats,
+                                                  background, others)  # fmt: skip
+                stages[i].update(step_s_alone=alone, step_s_loaded=loaded)
+    for i in measured:
+        stages[i]["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
     pairs, skip_pairs = [], []
     for v in range(1, len(specs)):
         if v not in runners:
@@ -345,10 +426,15 @@ def measure_profile(
         log(f"profile: {stages[v]['name']}: greedy continuations")
         continuation = [greedy_continuation(runners[v], p, options.continuation) for p in ids]
         for d in range(v - 1, -1, -1):  # the adjacent drafter, then every earlier one (subsets skip stages)
-            draft = drafters[d].propose if drafters[d] is not None else ModelDrafter(runners[d])
             log(f"profile: acceptance {stages[d]['name']} -> {stages[v]['name']}")
+            if drafters[d] is None:
+                runs, proposed = [model_runs(runners[d], p, c) for p, c in zip(ids, continuation)], None
+            else:
+                found = [proposal_runs(drafters[d].propose, p, c, options.draft_k) for p, c in zip(ids, continuation)]
+                runs, proposed = [r for r, _ in found], [n for _, n in found]
             pair = {"drafter": stages[d]["name"], "verifier": stages[v]["name"], "drafter_index": d,
-                    "verifier_index": v, **acceptance_by_position(draft, ids, continuation, options)}  # fmt: skip
+                    "verifier_index": v, **acceptance_by_position(runs, proposed, options.draft_k),
+                    "runs": runs, "proposed": proposed}  # fmt: skip
             (pairs if d == v - 1 else skip_pairs).append(pair)
     del runners
     if reused is None and options.handoff_tokens and len(specs) >= 2:

@@ -54,6 +54,14 @@ POLL_S = 0.5  # how often a waiting stage checks that its driver is still alive
 DEBUG = bool(os.environ.get("PIPESPEC_DEBUG"))  # log every message and step to stderr
 
 
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens the two sequences share."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
 class StageFailure(RuntimeError):
     """A stage cannot go on (a broken link, a stall, a protocol breach); `kind` as in pipespec.errors."""
 
@@ -131,9 +139,10 @@ class StageRequest:
             self.upstream_more = message.more_coming or message.commits_seen < self.commits_sent
         elif isinstance(message, Commit):
             self.commits_received += 1
+            common = common_prefix(self.out, message.buffer)
             if self.role.value_stop > 0:
-                self.learn_from_commit(message.buffer)
-            self.adopt(message.buffer)
+                self.learn_from_commit(message.buffer, common)
+            self.adopt(message.buffer, common)
             if self.upstream_rank is not None:
                 self.commit_upstream()
         elif isinstance(message, Done):
@@ -143,13 +152,13 @@ class StageRequest:
         else:
             raise StageFailure(f"stage {self.name}: unexpected message {type(message).__name__}", "raised")
 
-    def learn_from_commit(self, verifier_buffer: list[int]) -> None:
+    def learn_from_commit(self, verifier_buffer: list[int], common: int) -> None:
         """value_stop's online estimates: how many of its drafts the commit decided and kept (by position
-        beyond the previous commit), and the pace of the next stage's commits."""
+        beyond the previous commit; `common`: the length of the buffers' common prefix), and the pace of
+        the next stage's commits."""
         start, decided = self.downstream_committed, min(len(self.out), len(verifier_buffer))
         if decided > start:
-            kept = next((i for i in range(start, decided) if self.out[i] != verifier_buffer[i]), decided) - start
-            self.engine.kept.record_verification(decided - start, kept)
+            self.engine.kept.record_verification(decided - start, max(common - start, 0))
         now = time.perf_counter()
         if self.first_commit is None:
             self.first_commit = (now, len(verifier_buffer))
@@ -157,12 +166,11 @@ class StageRequest:
             since, length = self.first_commit
             self.engine.seconds_per_token = (now - since) / (len(verifier_buffer) - length)
 
-    def adopt(self, verifier_buffer: list[int]) -> None:
-        """Follow the next stage's buffer: roll back where it differs, catch up where it is ahead."""
-        common = 0
-        limit = min(len(self.out), len(verifier_buffer))
-        while common < limit and self.out[common] == verifier_buffer[common]:
-            common += 1
+    def adopt(self, verifier_buffer: list[int], common: int | None = None) -> None:
+        """Follow the next stage's buffer: roll back where it differs, catch up where it is ahead
+        (`common`: the length of the two buffers' common prefix, when known)."""
+        if common is None:
+            common = common_prefix(self.out, verifier_buffer)
         if common < len(self.out) and common < len(verifier_buffer):
             self.trace.note_rollback(len(self.out) - common)
             self.replace_tail(common, verifier_buffer)

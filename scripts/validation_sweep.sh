@@ -6,14 +6,16 @@
 #     greedy, sd windows 2/4/6 and pipespec lookahead 0/1/2/4 x max_lead 4/8;
 #  3. python -m analysis.validate PROFILE RUNS per hierarchy and dataset (text + JSON report).
 # Subsets: HIERARCHIES="smollm2_int8_fp32" DATASETS="humaneval" bash scripts/validation_sweep.sh
-# OUT=dir (default results/validation), PROFILE_OPTIONS="profile.max_fed=16" (extra profile overrides).
+# OUT=dir (default results/validation), PROFILE_OPTIONS="profile.max_fed=16 profile.continuation=96" (profile
+# overrides: continuations as long as the runs'). A profile or run already there is kept: to profile again,
+# remove the profiles (rm results/validation/*/*/profile/profile.json) and run this again.
 # Duration (estimated, not run): greedy SmolLM2 is ~15 tokens/s here, so a run of 8 x 96 tokens takes about
 # 50 s + ~10 s start; the full sweep is 3 x 2 x 12 = 72 runs (~70 min) plus 6 profiles (~2-3 min each):
 # about 85 min. In 45 min about 35 runs fit after the profiles: e.g. one dataset (DATASETS=humaneval,
 # 36 runs + 3 profiles is about 45 min) or two hierarchies on both datasets is too many (48 runs).
 # shellcheck source=validation_common.sh
 source "$(dirname "$0")/validation_common.sh"
-PROFILE_OPTIONS=${PROFILE_OPTIONS:-"profile.max_fed=16"}
+PROFILE_OPTIONS=${PROFILE_OPTIONS:-"profile.max_fed=16 profile.continuation=96"}
 TOKENS=96
 
 CONFIGS=("strategy=greedy")

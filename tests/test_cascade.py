@@ -73,7 +73,9 @@ def test_a_cascade_is_identical_to_greedy_and_takes_the_suffix_proposals(tiny):
             steps[cascade] = middle["verify_steps"] + middle["single_steps"]  # its model's forward passes
             if cascade:
                 assert middle["draft_steps"] > 0 and middle["verify_steps"] == 0  # it never verifies a proposal
-                off = pipe.generate(prompts[0], MAX_NEW, cascade=False)  # per call
+                # per call; lookahead 1: the middle stage waits for the suffix's proposal instead of racing it
+                # with a step of its own (at 0 a loaded machine can deliver every proposal too late)
+                off = pipe.generate(prompts[0], MAX_NEW, cascade=False, lookahead=1)
                 assert off.tokens == reference[0] and off.summary()[1]["verify_steps"] > 0
     assert steps[True] < steps[False]
 

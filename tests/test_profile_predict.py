@@ -95,6 +95,28 @@ def test_profile_from_elsewhere_names_the_mismatch(tiny_profile):
         pf.parse_profile(raw)
 
 
+def test_background_stages_pause_and_run_as_told():
+    """Contention is measured in alternating sweeps: a background stage told to pause takes no step
+    until it is told to run again (else the "alone" sweeps would be loaded too)."""
+    import time
+
+    from pipespec.hierarchies import load_hierarchy
+    from pipespec.profiling import Background
+
+    specs = load_hierarchy("tiny_k2")
+    with Background(specs, [1, 2, 3, 4]) as background:
+        assert all(count.value >= 1 for count in background.steps)  # both loaded and stepping
+        background.run_only([1])
+        paused, running = background.steps[0].value, background.steps[1].value
+        time.sleep(0.3)
+        assert background.steps[0].value == paused  # not one step while paused
+        assert background.steps[1].value > running
+        background.run_only([0])
+        resumed, stopped = background.steps[0].value, background.steps[1].value
+        time.sleep(0.3)
+        assert background.steps[0].value > resumed and background.steps[1].value == stopped
+
+
 def test_acceptance_by_position_sampler():
     perfect_then_never = sim.simulate_sync_sd([0.01, 1.0], [sim.ByPosition([1.0, 1.0, 0.0])], 5, 200)
     assert set(perfect_then_never.accepted_counts[0]) == {3}  # two drafts accepted, the third never
@@ -104,21 +126,45 @@ def test_acceptance_by_position_sampler():
 
 def test_acceptance_is_sampled_where_decoding_drafts_again():
     """Starts follow the walk: after the accepted prefix and the verifier's own token."""
-    from pipespec.profiling import ProfileOptions, acceptance_by_position
+    from pipespec.profiling import acceptance_by_position, proposal_runs
 
     truth = list(range(100, 120))
-    seen = []
 
     def drafter(sequence, k):  # right twice, then wrong; nothing to propose from position 10 on
         start = len(sequence) - 1
-        seen.append(start)
-        return [] if start >= 10 else truth[start : start + 2] + [-1] * (k - 2)
+        return [] if start >= 10 else (truth[start : start + 2] + [-1] * k)[:k]
 
-    stats = acceptance_by_position(drafter, [[7]], [truth], ProfileOptions(draft_k=4))
-    assert seen == [0, 3, 6, 9, 12, 13, 14, 15, 16, 17, 18]  # a miss: one token on
+    runs, proposed = proposal_runs(drafter, [7], truth, 4)
+    assert runs == [2] * 10 + [0] * 10 and proposed == [4] * 10 + [0] * 10
+    stats = acceptance_by_position([runs], [proposed], 4)  # starts 0, 3, 6, 9, then one on: 12, 13, .. 18
     assert stats["offered_by_position"] == [4, 4, 4, 0] and stats["accepted_by_position"] == [4, 4, 0, 0]
     assert stats["starts"] == 11 and stats["proposal_rate"] == pytest.approx(4 / 11)
     assert stats["mean_proposal_length"] == 4
+
+
+def test_a_model_drafters_runs_are_its_greedy_drafts_along_the_continuation(tiny_models):
+    """model_runs (one-token teacher forcing) gives at each position what greedy drafting from there
+    gets right: checked against drafting token by token from every position."""
+    from pipespec.models import CausalLMRunner, StageSpec, load_model
+    from pipespec.profiling import model_runs
+
+    draft, target = (CausalLMRunner(load_model(StageSpec(model=str(d)))) for d in tiny_models([0.3])[-2:])
+    prompt = [5, 6, 7, 8]
+    target.start()
+    continuation = []
+    for _ in range(12):
+        continuation.append(int(target.forward(prompt + continuation, []).argmax()))
+    runs = model_runs(draft, prompt, continuation)
+    for j in range(len(continuation)):
+        draft.start()
+        drafted = []
+        while len(drafted) < len(continuation) - j:
+            drafted.append(int(draft.forward(prompt + continuation[:j] + drafted, []).argmax()))
+            if drafted[-1] != continuation[j + len(drafted) - 1]:
+                break
+        right = len(drafted) - (drafted[-1] != continuation[j + len(drafted) - 1])
+        assert runs[j] == right, j
+    assert 0 < sum(r > 0 for r in runs) < len(runs)  # the test can tell right from wrong
 
 
 def test_version_1_profile_is_refused_with_the_reason(tiny_profile):

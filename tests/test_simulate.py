@@ -221,3 +221,17 @@ def test_alpha_extremes():
 def test_invalid_inputs(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_acceptance_along_continuations_is_read_off_them_by_position():
+    """A verification starting at output position j accepts min(offered, runs[j]): easy and hard stretches
+    come where the profile's continuation had them (positions past its end wrap to its start)."""
+    pattern = (2, 1, 0, 5, 4, 3, 2, 1, 0)
+    result = sim.simulate_sync_sd([0.01, 0.05], [sim.AlongContinuations([pattern], (0.5,))], 3, 30, seed=0)
+    # starts 0 (run 2), 3 (run 5, 3 offered), 7 (run 1), 9 = 0 again ...: accepted + the target's own token
+    assert result.accepted_counts[0] == (3, 4, 2) * 3 + (3,)
+    # generation s follows continuation s mod 2: the second is never right
+    never = sim.AlongContinuations([pattern, (0,) * 9], (0.5,))
+    assert sim.simulate_sync_sd([0.01, 0.05], [never], 3, 30, seed=1).accepted_counts[0] == (1,) * 30
+    with pytest.raises(ValueError, match="runs"):
+        sim.AlongContinuations([()], (0.5,))
