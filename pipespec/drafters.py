@@ -49,6 +49,14 @@ from pipespec.errors import ConfigError
 END = -1  # ends every document in the flat buffer: no match or walk crosses it
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens the two sequences share."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
 class Drafter(Protocol):
     def propose(self, sequence: Sequence[int], limit: int) -> list[int]: ...
 
@@ -224,10 +232,7 @@ class SuffixDrafter:
         have = self.local_tokens
         n = len(have)
         if not (len(sequence) >= n and list(sequence[:n]) == have):
-            common = 0
-            limit = min(n, len(sequence))
-            while common < limit and have[common] == sequence[common]:
-                common += 1
+            common = common_prefix(have, sequence)
             if common < n // 2:  # another request: start over
                 self._reset_local()
             else:  # a rollback: positions 1..n-1 are indexed; keep those below `common`

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
+from pipespec.drafters import common_prefix
 from pipespec.errors import ConfigError
 from pipespec.models import StageSpec
 
@@ -279,8 +280,7 @@ def proposal_runs(propose, prompt: Sequence[int], continuation: Sequence[int], k
     runs, proposed = [], []
     for j in range(len(continuation)):
         proposal = propose(list(prompt) + list(continuation[:j]), min(k, len(continuation) - j))
-        run = next((p for p, token in enumerate(proposal) if token != continuation[j + p]), len(proposal))
-        runs.append(run)
+        runs.append(common_prefix(proposal, continuation[j:]))
         proposed.append(len(proposal))
     return runs, proposed
 
@@ -399,7 +399,7 @@ def measure_profile(
     stages = [{"name": spec.label, **stage_identity(spec)} for spec in specs]
     reused, handoff = reused_costs(costs_from, stages, machine) if costs_from is not None else (None, None)
     runners = {i: _runner(specs[i]) for i in model_stages}
-    measured = [i for i in model_stages if reused is None]
+    measured = model_stages if reused is None else []  # the stages whose costs are measured here
     for i in model_stages:
         if reused is not None:
             stages[i].update(reused[i])

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from pipespec import schedule
 from pipespec.decoding import final_output, is_finished, model_step
-from pipespec.drafters import build_drafter
+from pipespec.drafters import build_drafter, common_prefix
 from pipespec.gpu import stage_sampler
 from pipespec.models import CausalLMRunner, StageSpec, load_model
 from pipespec.protocol import (
@@ -53,14 +53,6 @@ from pipespec.verify import TokenDist, VerifyRule, encode_dist, point_mass
 POLL_S = 0.5  # how often a waiting stage checks that its driver is still alive
 DEBUG = bool(os.environ.get("PIPESPEC_DEBUG"))  # log every message and step to stderr
 
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens the two sequences share."""
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 class StageFailure(RuntimeError):
     """A stage cannot go on (a broken link, a stall, a protocol breach); `kind` as in pipespec.errors."""
