@@ -2,6 +2,7 @@
 
     python -m analysis.validate PROFILE RUN_DIRS... [--json]
     python -m analysis.validate PROFILE RUN_DIRS... --costs     # the profile's t(n) beside the runs' own
+    python -m analysis.validate PROFILE RUN_DIRS... --greedy-speed   # costs at the greedy run's speed
 
 For each run (`analysis.results`), the configuration it ran (strategy, lookahead, max_lead, the stages it
 used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict`, and the
@@ -16,6 +17,11 @@ sampling, stages the profile lacks) is skipped with a note.
 `--costs` checks the profile's step costs instead: per number of tokens fed n, the target's t(n) in the
 profile (alone) beside the median duration of the runs' own target steps that fed n tokens (from their
 traces; the runs' stages computed side by side, so their steps include contention).
+
+`--greedy-speed` is a decomposition, not a prediction: it multiplies the profile's step costs and
+prefill by the greedy run's median one-token target step over the profile's t(1), so the machine's
+speed during the runs (which drifts by 10-20% over minutes on a shared VM) is taken from a run, and
+what is left is the model's error. Every record is then in-sample.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 from analysis.predict import predict
@@ -46,6 +52,7 @@ class Validation:
     paper_error: float
     in_sample: bool
     warnings: tuple[str, ...] = ()
+    speed_from: str | None = None  # the greedy run whose speed the profile's costs were scaled to
 
 
 def _stage_name(name: str) -> str:
@@ -148,7 +155,8 @@ def _pct(value: float | None) -> str:
 def format_report(records: Sequence[Validation]) -> str:
     lines = []
     for title, subset in (("held-out runs", [r for r in records if not r.in_sample]),
-                          ("in-sample runs (the profile saw their prompts)", [r for r in records if r.in_sample])):
+                          ("in-sample runs (the profile saw their prompts, or its costs took a greedy run's speed)",
+                           [r for r in records if r.in_sample])):
         if not subset:
             continue
         lines += [f"{title}:", f"  {'run':<44}{'measured':>10}{'ours':>9}{'error':>9}{'paper':>10}{'error':>9}"]
@@ -179,6 +187,30 @@ def target_step_costs(runs: Sequence[Run], max_fed: int) -> list[tuple[float | N
     return [(statistics.median(d) if d else None, len(d)) for d in durations]
 
 
+def greedy_speed(profile: Profile, runs: Sequence[Run]) -> tuple[float, str]:
+    """The machine's speed during the runs against the profile's: the median one-token step of the greedy
+    run among `runs` over the profile's target t(1), and that run's path."""
+    greedy = [r for r in runs if r.strategy == "greedy" and r.has_traces()]
+    if not greedy:
+        raise ConfigError("--greedy-speed needs a greedy run with traces among the run directories")
+    step_s, _ = target_step_costs(greedy[:1], 1)[0]
+    if step_s is None:
+        raise ConfigError(f"{greedy[0].path}: its traces have no one-token target step")
+    return step_s / profile.stages[-1].step_s_alone[0], str(greedy[0].path)
+
+
+def at_speed(profile: Profile, factor: float) -> Profile:
+    """The profile with every model stage's step costs and prefill multiplied by `factor`."""
+    def scaled(stage):
+        if stage.model_free:
+            return stage
+        return replace(stage, step_s_alone=tuple(factor * t for t in stage.step_s_alone),
+                       step_s_loaded=tuple(factor * t for t in stage.step_s_loaded),
+                       prefill_s_per_token=factor * stage.prefill_s_per_token)  # fmt: skip
+
+    return replace(profile, stages=tuple(scaled(s) for s in profile.stages))
+
+
 def format_costs(profile: Profile, runs: Sequence[Run]) -> str:
     target = profile.stages[-1]
     measured = target_step_costs(runs, len(target.step_s_alone))
@@ -192,10 +224,12 @@ def format_costs(profile: Profile, runs: Sequence[Run]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    as_json, as_costs = "--json" in argv, "--costs" in argv
-    argv = [a for a in argv if a not in ("--json", "--costs")]
+    flags = ("--json", "--costs", "--greedy-speed")
+    as_json, as_costs, speed = (flag in argv for flag in flags)
+    argv = [a for a in argv if a not in flags]
     if len(argv) < 2:
-        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json | --costs]", file=sys.stderr)
+        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json | --costs] [--greedy-speed]",
+              file=sys.stderr)  # fmt: skip
         return 2
     try:
         profile = load_profile(argv[0])
@@ -203,7 +237,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_costs:
             print(format_costs(profile, runs))
             return 0
+        speed_from = None
+        if speed:
+            factor, speed_from = greedy_speed(profile, runs)
+            profile = at_speed(profile, factor)
+            print(f"note: step costs x {factor:.3f}, the speed of {speed_from}: every run is in-sample",
+                  file=sys.stderr)  # fmt: skip
         records, notes = validate(profile, runs)
+        if speed_from is not None:
+            records = [replace(r, in_sample=True, speed_from=speed_from) for r in records]
     except (ProfileError, ResultsError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

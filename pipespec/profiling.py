@@ -4,7 +4,8 @@
   and while every other model stage of the hierarchy runs its own steady one-token loop in another
   process (contention measured, not assumed), the two conditions in alternating sweeps (the other
   stages paused between steps, then running) so that the machine's drift cannot pass for contention,
-  and the prefill cost per prompt token;
+  half the sweeps before acceptance is measured and half after (a slow spell of the machine, minutes
+  long here, falls on part of them), and the prefill cost per prompt token;
 - per drafter/verifier pair (adjacent pairs in `pairs`; every drafter with every later verifier
   in `skip_pairs`, for hierarchies that leave a stage out), along the verifier's own greedy
   continuation of each prompt: at every position, how many drafts in a row the drafter gets right
@@ -21,7 +22,7 @@
 - the machine (CPU, vector extensions, threads per stage, library versions) and the sample ids used.
 
 `analysis.profile` reads the file without torch. Wall time: the models' loading plus about
-(2 * max_fed * (repeats + 1) steps per model stage) + prompts * continuation steps of each verifier
+(2 * max_fed * (repeats + 2) steps per model stage) + prompts * continuation steps of each verifier
 and of each model drafter per pair. `costs_from` reuses another profile's step costs, prefill
 and handoff (same machine and stages) and measures only acceptance: acceptance depends on the
 prompts, costs on the machine.
@@ -29,6 +30,7 @@ prompts, costs on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import platform
@@ -49,7 +51,7 @@ BACKGROUND_STEP_S = 30.0  # and pause within this (one step) when told to
 @dataclass(frozen=True)
 class ProfileOptions:
     max_fed: int = 32  # t(n) for n = 1..max_fed
-    repeats: int = 5  # timed sweeps over n = 1..max_fed (medians per n), after one untimed
+    repeats: int = 5  # timed sweeps over n = 1..max_fed (medians per n), in two parts after an untimed one each
     continuation: int = 64  # tokens of each verifier's greedy continuation drafts are checked against
     draft_k: int = 8  # tokens drafted from each start (acceptance positions 1..draft_k)
     handoff_tokens: int = 16  # tokens of the short pipeline run that measures the handoff (0: skip)
@@ -98,21 +100,24 @@ def _runner(spec: StageSpec):
     return runner
 
 
-def step_costs(runner, context: Sequence[int], max_fed: int, repeats: int) -> list[float]:
-    """Median seconds of a forward pass feeding n = 1..max_fed tokens after `context` (warm cache).
-
-    Each repetition sweeps n = 1..max_fed once (after one untimed sweep), so a slow spell of the
-    machine spreads over every n instead of bending the curve at the n it hit."""
-    return interleaved_step_costs({None: runner}, context, max_fed, repeats)[None]
-
-
 def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, repeats: int,
                            before: Callable[[Any], None] | None = None) -> dict:
-    """`step_costs` of several runners at once ({key: runner} -> {key: t(n) list}), their sweeps alternating
-    (in turn, then in reverse order) so that drift of the machine falls on all of them. `before(key)` runs
-    before each sweep of that key (e.g. the same runner under two conditions, `loaded_step_costs`)."""
+    """Median seconds of a forward pass feeding n = 1..max_fed tokens after `context` on a warm cache, of
+    several runners at once ({key: runner} -> {key: t(n) list}), their sweeps alternating
+    (`interleaved_step_times`). Each repetition sweeps n = 1..max_fed once, so a slow spell of the
+    machine spreads over every n instead of bending the curve at the n it hit."""
+    return {key: medians(per_n) for key, per_n in
+            interleaved_step_times(runners, context, max_fed, repeats, before).items()}  # fmt: skip
+
+
+def interleaved_step_times(runners: dict, context: Sequence[int], max_fed: int, repeats: int,
+                           before: Callable[[Any], None] | None = None, times: dict | None = None) -> dict:
+    """The seconds of each timed sweep of n = 1..max_fed per runner, added to `times` ({key: per-n lists},
+    new when None) and returned. The runners' sweeps alternate (in turn, then in reverse order) so that
+    drift of the machine falls on all of them; one untimed sweep each comes first. `before(key)` runs
+    before each sweep of that key (e.g. the same runner under two conditions, `loaded_step_times`)."""
     filler = [int(context[-1])] * max_fed
-    times = {key: [[] for _ in range(max_fed)] for key in runners}
+    times = {key: [[] for _ in range(max_fed)] for key in runners} if times is None else times
     for runner in runners.values():
         runner.start()
         runner.forward(list(context), [])  # the prompt in the cache, its last token fed again below
@@ -127,18 +132,23 @@ def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, 
                 runner.forward(list(context), filler[: n - 1])
                 if sweep:
                     times[key][n - 1].append(time.perf_counter() - started)
-    return {key: [statistics.median(t) for t in per_n] for key, per_n in times.items()}
+    return times
 
 
-def loaded_step_costs(runner, context: Sequence[int], max_fed: int, repeats: int,
-                      background: "Background", others: Sequence[int]) -> tuple[list[float], list[float]]:
-    """t(n) of `runner` alone and while the background stages `others` run their steady loops, the two
-    conditions in alternating sweeps (the background paused, then running, then running, then paused...):
-    contention is their ratio, so a slow spell of the machine must not fall on one condition only."""
-    costs = interleaved_step_costs({"alone": runner, "loaded": runner}, context, max_fed, repeats,
+def medians(per_n: Sequence[Sequence[float]]) -> list[float]:
+    return [statistics.median(t) for t in per_n]
+
+
+def loaded_step_times(runner, context: Sequence[int], max_fed: int, repeats: int, background: "Background",
+                      others: Sequence[int], times: dict | None = None) -> dict:
+    """`interleaved_step_times` of `runner` alone and while the background stages `others` run their steady
+    loops ({"alone": ..., "loaded": ...}), the two conditions in alternating sweeps (the background paused,
+    then running, then running, then paused...): contention is their ratio, so a slow spell of the machine
+    must not fall on one condition only. The background is paused again at the end."""
+    times = interleaved_step_times({"alone": runner, "loaded": runner}, context, max_fed, repeats, times=times,
                                    before=lambda key: background.run_only(others if key == "loaded" else ()))
     background.run_only(())
-    return costs["alone"], costs["loaded"]
+    return times
 
 
 def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:
@@ -372,6 +382,30 @@ def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tu
     return reused, costs_from.get("handoff_s")
 
 
+def measure_acceptance(stages: list[dict], drafters: Sequence, runners: dict, ids: Sequence[Sequence[int]],
+                       options: ProfileOptions, log=print) -> tuple[list[dict], list[dict]]:
+    """The profile's `pairs` (adjacent) and `skip_pairs` (a drafter with a later verifier): each pair's runs
+    along the verifier's greedy continuation of every prompt, and acceptance by position from them."""
+    pairs, skip_pairs = [], []
+    for v in range(1, len(stages)):
+        if v not in runners:
+            raise ConfigError(f"stage {v} ({stages[v]['name']}) verifies drafts: it must be a model")
+        log(f"profile: {stages[v]['name']}: greedy continuations")
+        continuation = [greedy_continuation(runners[v], p, options.continuation) for p in ids]
+        for d in range(v - 1, -1, -1):  # the adjacent drafter, then every earlier one (subsets skip stages)
+            log(f"profile: acceptance {stages[d]['name']} -> {stages[v]['name']}")
+            if drafters[d] is None:
+                runs, proposed = [model_runs(runners[d], p, c) for p, c in zip(ids, continuation)], None
+            else:
+                found = [proposal_runs(drafters[d].propose, p, c, options.draft_k) for p, c in zip(ids, continuation)]
+                runs, proposed = [r for r, _ in found], [n for _, n in found]
+            pair = {"drafter": stages[d]["name"], "verifier": stages[v]["name"], "drafter_index": d,
+                    "verifier_index": v, **acceptance_by_position(runs, proposed, options.draft_k),
+                    "runs": runs, "proposed": proposed}  # fmt: skip
+            (pairs if d == v - 1 else skip_pairs).append(pair)
+    return pairs, skip_pairs
+
+
 def measure_profile(
     specs: Sequence[StageSpec],
     hierarchy: str,
@@ -403,39 +437,37 @@ def measure_profile(
     for i in model_stages:
         if reused is not None:
             stages[i].update(reused[i])
-    if len(measured) == 1:
-        i = measured[0]
-        log(f"profile: {stages[i]['name']}: t(n)")
-        stages[i]["step_s_alone"] = step_costs(runners[i], context, options.max_fed, options.repeats)
-        stages[i]["step_s_loaded"] = list(stages[i]["step_s_alone"])
-    elif measured:
-        log(f"profile: starting {len(measured)} background stages")
-        with Background([specs[i] for i in measured], context) as background:
+    with contextlib.ExitStack() as stack:
+        background = None
+        if len(measured) > 1:
+            log(f"profile: starting {len(measured)} background stages")
+            background = stack.enter_context(Background([specs[i] for i in measured], context))
+        times: dict = {i: None for i in measured}
+
+        def measure_costs(repeats: int) -> None:
             for position, i in enumerate(measured):
-                log(f"profile: {stages[i]['name']}: t(n) alone and while {len(measured) - 1} other stage(s) run")
-                others = [p for p in range(len(measured)) if p != position]
-                alone, loaded = loaded_step_costs(runners[i], context, options.max_fed, options.repeats,
-                                                  background, others)  # fmt: skip
-                stages[i].update(step_s_alone=alone, step_s_loaded=loaded)
+                if background is None:
+                    log(f"profile: {stages[i]['name']}: t(n)")
+                    times[i] = interleaved_step_times({"alone": runners[i]}, context, options.max_fed, repeats,
+                                                      times=times[i])  # fmt: skip
+                else:
+                    log(f"profile: {stages[i]['name']}: t(n) alone and while {len(measured) - 1} other stage(s) run")
+                    others = [p for p in range(len(measured)) if p != position]
+                    times[i] = loaded_step_times(runners[i], context, options.max_fed, repeats, background, others,
+                                                 times=times[i])  # fmt: skip
+
+        # half the sweeps before acceptance is measured and half after, a minute or more apart: a slow spell
+        # of the machine (they last minutes here) then falls on part of them rather than on all
+        measure_costs(options.repeats - options.repeats // 2)
+        for i in measured:
+            stages[i]["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
+        pairs, skip_pairs = measure_acceptance(stages, drafters, runners, ids, options, log)
+        if options.repeats // 2:
+            measure_costs(options.repeats // 2)
     for i in measured:
-        stages[i]["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
-    pairs, skip_pairs = [], []
-    for v in range(1, len(specs)):
-        if v not in runners:
-            raise ConfigError(f"stage {v} ({stages[v]['name']}) verifies drafts: it must be a model")
-        log(f"profile: {stages[v]['name']}: greedy continuations")
-        continuation = [greedy_continuation(runners[v], p, options.continuation) for p in ids]
-        for d in range(v - 1, -1, -1):  # the adjacent drafter, then every earlier one (subsets skip stages)
-            log(f"profile: acceptance {stages[d]['name']} -> {stages[v]['name']}")
-            if drafters[d] is None:
-                runs, proposed = [model_runs(runners[d], p, c) for p, c in zip(ids, continuation)], None
-            else:
-                found = [proposal_runs(drafters[d].propose, p, c, options.draft_k) for p, c in zip(ids, continuation)]
-                runs, proposed = [r for r, _ in found], [n for _, n in found]
-            pair = {"drafter": stages[d]["name"], "verifier": stages[v]["name"], "drafter_index": d,
-                    "verifier_index": v, **acceptance_by_position(runs, proposed, options.draft_k),
-                    "runs": runs, "proposed": proposed}  # fmt: skip
-            (pairs if d == v - 1 else skip_pairs).append(pair)
+        alone = medians(times[i]["alone"])
+        loaded = medians(times[i]["loaded"]) if background is not None else list(alone)
+        stages[i].update(step_s_alone=alone, step_s_loaded=loaded)
     del runners
     if reused is None and options.handoff_tokens and len(specs) >= 2:
         log("profile: handoff latency (a short sd run)")

@@ -1,4 +1,4 @@
-# Sourced by validation_sweep.sh and validation_reprofile.sh: their shared settings and helper.
+# Sourced by validation_sweep.sh and validation_in_sample.sh: their shared settings and helper.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1

@@ -77,6 +77,19 @@ def test_corrupt_or_foreign_file_is_one_error_line(tmp_path, text, names):
 
 
 def test_profile_from_elsewhere_names_the_mismatch(tiny_profile):
+    # the decomposition at the greedy run's speed: costs scaled by its t(1) over the profile's, all in-sample
+    scaled = subprocess.run([sys.executable, "-m", "analysis.validate", str(tiny_profile), str(held_out), str(seen),
+                             "--json", "--greedy-speed"], env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert scaled.returncode == 0, scaled.stderr
+    factor = float(scaled.stderr.split("step costs x ")[1].split()[0])
+    at_speed = {r["run"]: r for r in json.loads(scaled.stdout)}
+    assert all(r["in_sample"] and r["speed_from"] == str(held_out) for r in at_speed.values())
+    greedy_before, greedy_after = records[str(held_out)], at_speed[str(held_out)]
+    assert greedy_after["predicted_tokens_per_s"] == pytest.approx(greedy_before["predicted_tokens_per_s"] / factor,
+                                                                   rel=2e-3)  # fmt: skip
+    no_greedy = subprocess.run([sys.executable, "-m", "analysis.validate", str(tiny_profile), str(seen),
+                                "--greedy-speed"], env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert no_greedy.returncode == 2 and no_greedy.stderr.startswith("error: --greedy-speed needs a greedy run")
     raw = json.loads(tiny_profile.read_text())
     raw["machine"]["cpu"]["name"] = "Some Other CPU"
     raw["machine"]["libraries"]["torch"] = "0.0.1"
@@ -115,6 +128,25 @@ def test_background_stages_pause_and_run_as_told():
         resumed, stopped = background.steps[0].value, background.steps[1].value
         time.sleep(0.3)
         assert background.steps[0].value > resumed and background.steps[1].value == stopped
+
+
+def test_one_model_stage_is_timed_alone_half_before_acceptance_and_half_after():
+    """Prompt lookup -> one model: no background stage, loaded = alone; the timed sweeps are split around
+    the acceptance measurement (a slow spell of the machine then falls on part of them only)."""
+    from pipespec.hierarchies import load_hierarchy
+    from pipespec.profiling import ProfileOptions, measure_profile
+
+    lookup, _, target = load_hierarchy("tiny_pld_k3")
+    said: list[str] = []
+    prompts = [("a", list(range(5, 40))), ("b", list(range(7, 30)) * 2)]
+    raw = measure_profile([lookup, target], "tiny_pld_k2", prompts, log=said.append,
+                          options=ProfileOptions(max_fed=4, repeats=3, continuation=12, draft_k=4, handoff_tokens=0))
+    stage = raw["stages"][1]
+    assert len(stage["step_s_alone"]) == 4 and stage["step_s_loaded"] == stage["step_s_alone"]
+    assert not any("background" in line for line in said)
+    timing = [i for i, line in enumerate(said) if line.endswith("t(n)")]
+    acceptance = [i for i, line in enumerate(said) if "acceptance" in line]
+    assert len(timing) == 2 and timing[0] < acceptance[0] < acceptance[-1] < timing[1]
 
 
 def test_acceptance_by_position_sampler():
