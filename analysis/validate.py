@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if speed:
             factor, speed_from = greedy_speed(profile, runs)
             profile = at_speed(profile, factor)
-            print(f"note: step costs x {factor:.3f}, the speed of {speed_from}: every run is in-sample",
+            print(f"note: step costs x {factor:.4f}, the speed of {speed_from}: every run is in-sample",
                   file=sys.stderr)  # fmt: skip
         records, notes = validate(profile, runs)
         if speed_from is not None:
