@@ -20,8 +20,9 @@ traces; the runs' stages computed side by side, so their steps include contentio
 
 `--greedy-speed` is a decomposition, not a prediction: it multiplies the profile's step costs and
 prefill by the greedy run's median one-token target step over the profile's t(1), so the machine's
-speed during the runs (which drifts by 10-20% over minutes on a shared VM) is taken from a run, and
-what is left is the model's error. Every record is then in-sample.
+speed during the runs (which drifts by 10-20% over minutes on a shared VM) is taken from a run. What is
+left is the model's error plus the runs' own drift around that one run's speed. Every record is then
+in-sample.
 """
 
 from __future__ import annotations
