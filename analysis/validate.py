@@ -3,6 +3,8 @@
     python -m analysis.validate PROFILE RUN_DIRS... [--json]
     python -m analysis.validate PROFILE RUN_DIRS... --costs     # the profile's t(n) beside the runs' own
     python -m analysis.validate PROFILE RUN_DIRS... --greedy-speed   # costs at the greedy run's speed
+    python -m analysis.validate PROFILE RUN_DIRS... --repeats   # identical runs: their spread, the floor
+    python -m analysis.validate --summary VALIDATION_JSON...    # held-out figures over several reports
 
 For each run (`analysis.results`), the configuration it ran (strategy, lookahead, max_lead, the stages it
 used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict`, and the
@@ -23,6 +25,15 @@ prefill by the greedy run's median one-token target step over the profile's t(1)
 speed during the runs (which drifts by 10-20% over minutes on a shared VM) is taken from a run. What is
 left is the model's error plus the runs' own drift around that one run's speed. Every record is then
 in-sample.
+
+`--repeats` groups the held-out runs by configuration (strategy, lookahead, max_lead, stages): where one
+configuration ran several times on the same prompts, its measured tokens/s spread shows the machine's own
+variation, and (max - min) / (max + min) is the floor: no single prediction per configuration can have a
+largest |error| below it on those runs (the best one, 2 max min / (max + min), is off by that much on
+both ends).
+
+`--summary` reads `--json` reports (of one profile each) and prints the figures over all their records
+together, held-out and in-sample apart: median and largest |error| per model, how many within 10% and 20%.
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, replace
+from pathlib import Path
 from typing import Sequence
 
 from analysis.predict import predict
@@ -140,11 +152,13 @@ def validate(profile: Profile, runs: Sequence[Run]) -> tuple[list[Validation], l
 
 
 def summary(records: Sequence[Validation]) -> dict:
-    """Median and largest |error| per model over the given records (None when there are none)."""
+    """Median and largest |error| per model over the given records (None when there are none), and how
+    many are within 10% and 20%."""
     def stats(errors):
         errors = [abs(e) for e in errors]
         return {"median_abs_error": statistics.median(errors) if errors else None,
-                "max_abs_error": max(errors) if errors else None, "runs": len(errors)}  # fmt: skip
+                "max_abs_error": max(errors) if errors else None, "runs": len(errors),
+                "within_10": sum(e <= 0.10 for e in errors), "within_20": sum(e <= 0.20 for e in errors)}  # fmt: skip
 
     return {"ours": stats(r.error for r in records), "paper": stats(r.paper_error for r in records)}
 
@@ -169,9 +183,96 @@ def format_report(records: Sequence[Validation]) -> str:
         figures = summary(subset)
         for model in ("ours", "paper"):
             f = figures[model]
-            lines.append(f"  {model}: median |error| {100 * f['median_abs_error']:.1f}%, "
-                         f"largest {100 * f['max_abs_error']:.1f}% over {f['runs']} runs")  # fmt: skip
+            lines.append(f"  {model}: {_figures(f)}")
     return "\n".join(lines) if lines else "no run could be predicted"
+
+
+def _figures(f: dict) -> str:
+    return (f"median |error| {100 * f['median_abs_error']:.1f}%, largest {100 * f['max_abs_error']:.1f}% "
+            f"over {f['runs']} runs ({f['within_10']} within 10%, {f['within_20']} within 20%)")
+
+
+def configuration(record: Validation) -> str:
+    """What a run ran, as one label: identical labels are repeats of one configuration."""
+    label = record.strategy
+    if record.strategy != "greedy":
+        label += f" L{record.lookahead}"
+    if record.strategy == "pipespec":
+        label += f" M{record.max_lead if record.max_lead is not None else 8}"
+    return f"{label} [{'>'.join(map(str, record.stages))}]"
+
+
+@dataclass(frozen=True)
+class Repeats:
+    configuration: str
+    runs: int
+    measured_min: float  # tokens/s
+    measured_max: float
+    errors: tuple[float, ...]  # ours, one per run
+
+    @property
+    def spread(self) -> float:
+        return self.measured_max / self.measured_min - 1
+
+    @property
+    def floor(self) -> float:
+        """The least largest |error| that one prediction can have on these runs."""
+        return (self.measured_max - self.measured_min) / (self.measured_max + self.measured_min)
+
+
+def repeats(records: Sequence[Validation]) -> list[Repeats]:
+    """The held-out records grouped by configuration, in the order first seen."""
+    groups: dict[str, list[Validation]] = {}
+    for r in records:
+        if not r.in_sample:
+            groups.setdefault(configuration(r), []).append(r)
+    return [Repeats(key, len(g), min(r.measured_tokens_per_s for r in g), max(r.measured_tokens_per_s for r in g),
+                    tuple(r.error for r in g)) for key, g in groups.items()]  # fmt: skip
+
+
+def format_repeats(records: Sequence[Validation]) -> str:
+    groups = [g for g in repeats(records) if g.runs > 1]
+    if not groups:
+        return "no configuration ran more than once (held out)"
+    lines = ["identical configurations, held out (measured tokens/s; ours: error per run):",
+             f"  {'configuration':<46}{'runs':>5}{'min':>8}{'max':>8}{'spread':>8}{'floor':>8}  ours"]
+    for g in groups:
+        lines.append(f"  {g.configuration:<46}{g.runs:>5}{g.measured_min:>8.2f}{g.measured_max:>8.2f}"
+                     f"{100 * g.spread:>7.1f}%{100 * g.floor:>7.1f}%  {' '.join(_pct(e) for e in g.errors)}")
+    worst = max(groups, key=lambda g: g.floor)
+    lines.append(f"floor: any one prediction per configuration is off by at least {100 * worst.floor:.1f}% on "
+                 f"some run of {worst.configuration}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def read_reports(paths: Sequence[str]) -> list[Validation]:
+    """The records of `--json` reports."""
+    fields = set(Validation.__dataclass_fields__)
+    required = {name for name, f in Validation.__dataclass_fields__.items()
+                if f.default is MISSING and f.default_factory is MISSING}  # fmt: skip
+    records = []
+    for path in paths:
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as error:
+            raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: not JSON ({error.msg}, line {error.lineno})") from None
+        if not isinstance(raw, list) or not all(isinstance(r, dict) and required <= set(r) for r in raw):
+            raise ConfigError(f"{path}: not a validation report (python -m analysis.validate ... --json)")
+        records += [Validation(**{k: v for k, v in r.items() if k in fields}) for r in raw]
+    return records
+
+
+def format_summary(records: Sequence[Validation], paths: Sequence[str]) -> str:
+    lines = []
+    for title, subset in (("held-out runs", [r for r in records if not r.in_sample]),
+                          ("in-sample runs (a decomposition, not a prediction)", [r for r in records if r.in_sample])):
+        if subset:
+            figures = summary(subset)
+            lines += [f"{title}, {len(paths)} report(s):",
+                      *(f"  {model}: {_figures(figures[model])}" for model in ("ours", "paper"))]
+    return "\n".join(lines) if lines else f"no record in {len(paths)} report(s)"
 
 
 def target_step_costs(runs: Sequence[Run], max_fed: int) -> list[tuple[float | None, int]]:
@@ -225,13 +326,21 @@ def format_costs(profile: Profile, runs: Sequence[Run]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    flags = ("--json", "--costs", "--greedy-speed")
-    as_json, as_costs, speed = (flag in argv for flag in flags)
+    flags = ("--json", "--costs", "--greedy-speed", "--repeats", "--summary")
+    as_json, as_costs, speed, as_repeats, as_summary = (flag in argv for flag in flags)
     argv = [a for a in argv if a not in flags]
-    if len(argv) < 2:
-        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json | --costs] [--greedy-speed]",
+    if len(argv) < (1 if as_summary else 2):
+        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json | --costs | --repeats] "
+              "[--greedy-speed]\n       python -m analysis.validate --summary VALIDATION_JSON...",
               file=sys.stderr)  # fmt: skip
         return 2
+    if as_summary:
+        try:
+            print(format_summary(read_reports(argv), argv))
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return 0
     try:
         profile = load_profile(argv[0])
         runs = find_runs(argv[1:])
@@ -257,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"warning: {record.run}: profile from elsewhere: {warning}", file=sys.stderr)
     if as_json:
         print(json.dumps([asdict(r) for r in records]))
+    elif as_repeats:
+        print(format_report(records) + "\n" + format_repeats(records))
     else:
         print(format_report(records))
     return 0

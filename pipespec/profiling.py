@@ -1,8 +1,9 @@
 """Measure a machine profile of one hierarchy: what `analysis.predict` needs to predict a run before it.
 
 - per model stage, t(n) for n = 1..max_fed tokens fed on a warm KV cache (medians of `repeats`), alone
-  and while every other model stage of the hierarchy runs its own steady one-token loop in another
-  process (contention measured, not assumed), the two conditions in alternating sweeps (the other
+  and while every other model stage of the hierarchy runs its own steady loop in another process
+  (contention measured, not assumed; the target's loop feeds `verify_fed` tokens a step, one by default,
+  more to emulate its verifications), the two conditions in alternating sweeps (the other
   stages paused between steps, then running) so that the machine's drift cannot pass for contention,
   half the sweeps before acceptance is measured and half after (a slow spell of the machine, minutes
   long here, falls on part of them), and the prefill cost per prompt token;
@@ -55,6 +56,9 @@ class ProfileOptions:
     continuation: int = 64  # tokens of each verifier's greedy continuation drafts are checked against
     draft_k: int = 8  # tokens drafted from each start (acceptance positions 1..draft_k)
     handoff_tokens: int = 16  # tokens of the short pipeline run that measures the handoff (0: skip)
+    # tokens the target feeds a step while it runs in the background of the other stages' loaded t(n) (the
+    # others feed one): 1 as in every committed profile; N > 1 emulates its verifications of N - 1 drafts
+    verify_fed: int = 1
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -162,9 +166,10 @@ def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:
     return statistics.median(rates)
 
 
-def _steady_loop(spec: StageSpec, context: list[int], ready, stop, run, paused, steps) -> None:
-    """A background stage: one-token steps on a growing sequence while `run` is set, until told to stop;
-    `paused` is set whenever it is between steps with `run` clear; `steps` counts its steps."""
+def _steady_loop(spec: StageSpec, context: list[int], ready, stop, run, paused, steps, fed: int = 1) -> None:
+    """A background stage: steps feeding `fed` tokens (its next token and `fed` - 1 candidates, dropped
+    again as if rejected) on a growing sequence while `run` is set, until told to stop; `paused` is set
+    whenever it is between steps with `run` clear; `steps` counts its steps."""
     runner = _runner(spec)
     sequence = list(context)
     while not stop.is_set():
@@ -175,18 +180,22 @@ def _steady_loop(spec: StageSpec, context: list[int], ready, stop, run, paused, 
         if runner.cache_length > len(context) + 256:
             runner.truncate(len(context) - 1)
             sequence = list(context)
-        sequence.append(int(runner.forward(sequence, []).argmax()))
+        logits = runner.forward(sequence, sequence[-1:] * (fed - 1))
+        runner.truncate(len(sequence))
+        sequence.append(int(logits[0].argmax()))
         steps.value += 1
         ready.set()  # after its first step: loaded and computing
 
 
 class Background:
     """Other model stages of the hierarchy running their own steady loops, each in a process of its own,
-    all loading at once. They run from the start; `run_only(indices)` pauses the others."""
+    all loading at once, stage i feeding `fed[i]` tokens a step (default one each). They run from the
+    start; `run_only(indices)` pauses the others."""
 
-    def __init__(self, specs: Sequence[StageSpec], context: Sequence[int]):
+    def __init__(self, specs: Sequence[StageSpec], context: Sequence[int], fed: Sequence[int] | None = None):
         self.context = [int(t) for t in context]
         self.specs = list(specs)
+        self.fed = [1] * len(self.specs) if fed is None else [int(n) for n in fed]
         self.processes: list = []
         self.runs: list = []
         self.pauses: list = []
@@ -196,11 +205,11 @@ class Background:
         ctx = multiprocessing.get_context("spawn")
         self.stop = ctx.Event()
         readies = []
-        for spec in self.specs:
+        for spec, fed in zip(self.specs, self.fed):
             ready, run, paused, steps = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("q", 0, lock=False)
             run.set()
             process = ctx.Process(target=_steady_loop, daemon=True,
-                                  args=(spec, self.context, ready, self.stop, run, paused, steps))  # fmt: skip
+                                  args=(spec, self.context, ready, self.stop, run, paused, steps, fed))  # fmt: skip
             process.start()
             self.processes.append(process)
             readies.append(ready)
@@ -441,7 +450,8 @@ def measure_profile(
         background = None
         if len(measured) > 1:
             log(f"profile: starting {len(measured)} background stages")
-            background = stack.enter_context(Background([specs[i] for i in measured], context))
+            fed = [options.verify_fed if i == len(specs) - 1 else 1 for i in measured]
+            background = stack.enter_context(Background([specs[i] for i in measured], context, fed))
         times: dict = {i: None for i in measured}
 
         def measure_costs(repeats: int) -> None:

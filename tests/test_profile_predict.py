@@ -117,6 +117,49 @@ def test_background_stages_pause_and_run_as_told():
         assert background.steps[0].value > resumed and background.steps[1].value == stopped
 
 
+def test_a_background_target_feeds_a_verifications_tokens_and_keeps_one(monkeypatch):
+    """The target's steady loop feeds `fed` tokens a step (its next token and fed - 1 candidates, as a
+    verification does) and keeps one, so its cache grows by one token a step; `profile.verify_fed` sets
+    it for the target (one by default), the drafters feed one."""
+    import threading
+
+    import torch
+
+    from pipespec import profiling
+
+    class Runner:  # records what each step fed
+        def __init__(self):
+            self.cache_length, self.fed = 0, []
+
+        def forward(self, sequence, candidates):
+            self.fed.append(len(sequence) - self.cache_length + len(candidates))
+            self.cache_length = len(sequence) + len(candidates)
+            return torch.zeros(len(candidates) + 1, 5)
+
+        def truncate(self, valid):
+            self.cache_length = min(self.cache_length, valid)
+
+    class Stop:  # stops after six steps
+        def __init__(self):
+            self.calls = 0
+
+        def is_set(self):
+            self.calls += 1
+            return self.calls > 6
+
+    runner = Runner()
+    monkeypatch.setattr(profiling, "_runner", lambda spec: runner)
+    run, ready, paused = threading.Event(), threading.Event(), threading.Event()
+    run.set()
+    steps = type("Count", (), {"value": 0})()
+    profiling._steady_loop(None, [1, 2, 3], ready, Stop(), run, paused, steps, fed=4)
+    assert steps.value == 6 and runner.fed == [3 + 3] + [4] * 5  # the context first, then 1 + 3 a step
+    assert runner.cache_length == 3 + 5  # the context and one kept token a step (the sixth not yet fed)
+    assert profiling.ProfileOptions().verify_fed == 1
+    with pytest.raises(ConfigError, match="verify_fed"):
+        profiling.ProfileOptions(verify_fed=0)
+
+
 def test_one_model_stage_is_timed_alone_half_before_acceptance_and_half_after():
     """Prompt lookup -> one model: no background stage, loaded = alone; the timed sweeps are split around
     the acceptance measurement (a slow spell of the machine then falls on part of them only)."""
@@ -297,6 +340,32 @@ def _run(out, *overrides):
     return out
 
 
+def test_repeats_give_the_spread_of_identical_runs_and_the_floor_of_any_prediction():
+    """Runs of one configuration measured at 6 and 9 tokens/s: whatever one prediction p says, it is off by
+    at least (9 - 6) / (9 + 6) = 20% on one of them (p = 7.2 reaches exactly that on both)."""
+    from analysis.validate import Validation, format_repeats, repeats
+
+    def record(run, strategy, measured, predicted, in_sample=False, lookahead=0, max_lead=None):
+        return Validation(run=run, strategy=strategy, lookahead=lookahead, max_lead=max_lead, stages=("a", "b"),
+                          measured_tokens_per_s=measured, predicted_tokens_per_s=predicted,
+                          paper_predicted_tokens_per_s=predicted, error=predicted / measured - 1,
+                          paper_error=predicted / measured - 1, in_sample=in_sample)  # fmt: skip
+
+    records = [record("r1", "sd", 6.0, 7.2, lookahead=4), record("r2", "sd", 9.0, 7.2, lookahead=4),
+               record("r3", "sd", 5.0, 7.2, lookahead=2), record("p1", "pipespec", 8.0, 8.0),
+               record("p2", "pipespec", 8.8, 8.0),
+               record("seen", "sd", 1.0, 7.2, in_sample=True, lookahead=4)]  # fmt: skip
+    groups = {g.configuration: g for g in repeats(records)}
+    assert set(groups) == {"sd L4 [a>b]", "sd L2 [a>b]", "pipespec L0 M8 [a>b]"}  # in-sample runs left out
+    sd = groups["sd L4 [a>b]"]
+    assert sd.runs == 2 and sd.spread == pytest.approx(0.5) and sd.floor == pytest.approx(0.2)
+    assert max(abs(e) for e in sd.errors) == pytest.approx(sd.floor)  # the best single prediction reaches it
+    text = format_repeats(records)
+    assert "sd L2" not in text  # ran once: no spread
+    assert text.splitlines()[-1].startswith("floor: any one prediction per configuration is off by at least 20.0%")
+    assert format_repeats(records[2:3] + records[5:]).startswith("no configuration ran more than once")
+
+
 def test_validate_separates_in_sample_runs_and_names_mismatches(tiny_profile, tmp_path):
     held_out = _run(tmp_path / "greedy", "strategy=greedy", "dataset.ids=[HumanEval/2,HumanEval/3]")
     seen = _run(tmp_path / "sd", "strategy=sd", "strategy.lookahead=2", "dataset.n_samples=2")  # HumanEval/0, 1
@@ -334,6 +403,22 @@ def test_validate_separates_in_sample_runs_and_names_mismatches(tiny_profile, tm
     no_greedy = subprocess.run([sys.executable, "-m", "analysis.validate", str(tiny_profile), str(seen),
                                 "--greedy-speed"], env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert no_greedy.returncode == 2 and no_greedy.stderr.startswith("error: --greedy-speed needs a greedy run")
+    # --summary: the figures over several --json reports together, held-out and in-sample apart
+    report = tmp_path / "validation.json"
+    report.write_text(done.stdout)
+    summed = subprocess.run([sys.executable, "-m", "analysis.validate", "--summary", str(report), str(report)],
+                            env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert summed.returncode == 0, summed.stderr
+    held_part, _, in_part = summed.stdout.partition("in-sample runs")
+    error = abs(records[str(held_out)]["error"])
+    assert f"median |error| {100 * error:.1f}%" in held_part and "over 2 runs" in held_part  # the report twice
+    assert "over 2 runs" in in_part
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps([{"run": "x"}]))
+    refused = subprocess.run([sys.executable, "-m", "analysis.validate", "--summary", str(foreign)], env=ENV,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.startswith("error:")
+    assert "not a validation report" in refused.stderr
     raw = json.loads(tiny_profile.read_text())
     raw["machine"]["cpu"]["name"] = "Some Other CPU"
     other = tmp_path / "other.json"
