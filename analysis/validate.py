@@ -49,6 +49,7 @@ from analysis.predict import predict
 from analysis.profile import Profile, ProfileError, load_profile, mismatches
 from analysis.results import ResultsError, Run, find_runs
 from pipespec.errors import ConfigError
+from pipespec.schedule import DEFAULT_MAX_LEAD
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def validate_run(profile: Profile, run: Run) -> Validation:
                           f"{[s.name for s in profile.stages]}")  # fmt: skip
     tokens = max(round(run.summary["new_tokens"] / max(run.n_samples, 1)), 1)
     prompt = round(statistics.mean(int(r.get("prompt_tokens") or 0) for r in run.samples)) if run.samples else 0
-    max_lead = run.max_lead if run.max_lead is not None else 8
+    max_lead = run.max_lead if run.max_lead is not None else DEFAULT_MAX_LEAD
     prediction = predict(profile, run.strategy, run.lookahead, max_lead, tokens,
                          stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt,
                          size_verification=bool(run.summary.get("size_verification", False)))  # fmt: skip
@@ -198,7 +199,7 @@ def configuration(record: Validation) -> str:
     if record.strategy != "greedy":
         label += f" L{record.lookahead}"
     if record.strategy == "pipespec":
-        label += f" M{record.max_lead if record.max_lead is not None else 8}"
+        label += f" M{record.max_lead if record.max_lead is not None else DEFAULT_MAX_LEAD}"
     return f"{label} [{'>'.join(map(str, record.stages))}]"
 
 

@@ -9,7 +9,6 @@
 # 1.5 minutes per hierarchy and dataset on the 2-core development machine.
 # shellcheck source=validation_common.sh
 source "$(dirname "$0")/validation_common.sh"
-PROFILE_OPTIONS=${PROFILE_OPTIONS:-"profile.max_fed=16 profile.continuation=96"}
 
 for h in $HIERARCHIES; do
   for d in $DATASETS; do
@@ -17,7 +16,7 @@ for h in $HIERARCHIES; do
     costs="$dir/profile/profile.json"
     [[ -f $costs ]] || { echo "error: $costs missing (run scripts/validation_sweep.sh first)" >&2; exit 2; }
     # shellcheck disable=SC2086
-    "$PY" -m experiments.profile "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 10 17)" max_new_tokens=96 \
+    "$PY" -m experiments.profile "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 10 17)" "max_new_tokens=$TOKENS" \
       $PROFILE_OPTIONS "costs_from=$costs" "hydra.run.dir=$dir/profile_run_prompts"
     "$PY" -m analysis.validate "$dir/profile_run_prompts/profile.json" "$dir/runs" > "$dir/in_sample_acceptance.txt"
     echo "== $h $d (in-sample acceptance)" && cat "$dir/in_sample_acceptance.txt"

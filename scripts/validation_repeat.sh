@@ -14,7 +14,6 @@ HIERARCHIES=${HIERARCHIES:-smollm2_int8_fp32}
 DATASETS=${DATASETS:-humaneval}
 OUT=${OUT:-results/validation_repeat}
 source "$(dirname "$0")/validation_common.sh"
-PROFILE_OPTIONS=${PROFILE_OPTIONS:-"profile.max_fed=16 profile.continuation=96"}
 REPEATS=${REPEATS:-4}
 IFS=';' read -r -a CONFIG_LIST <<< "${CONFIGS:-strategy=greedy;strategy=sd strategy.lookahead=4;strategy=pipespec strategy.lookahead=0 strategy.max_lead=8}"
 
@@ -22,18 +21,10 @@ started=$(date +%s)
 for h in $HIERARCHIES; do
   for d in $DATASETS; do
     dir="$OUT/$h/$d"
-    if [[ ! -f $dir/profile/profile.json ]]; then
-      # shellcheck disable=SC2086
-      "$PY" -m experiments.profile "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 0 9)" max_new_tokens=96 \
-        $PROFILE_OPTIONS "hydra.run.dir=$dir/profile"
-    fi
+    profile_once "$h" "$d" "$dir"
     for ((r = 1; r <= REPEATS; r++)); do
       for config in "${CONFIG_LIST[@]}"; do
-        name=$(echo "$config" | sed 's/strategy=//; s/strategy\.lookahead=/L/; s/strategy\.max_lead=/M/; s/ /_/g')
-        [[ -f $dir/runs/$name/r$r/summary.json ]] && continue  # done by an earlier call: resume
-        # shellcheck disable=SC2086
-        "$PY" -m experiments.run "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 10 17)" max_new_tokens=96 \
-          $config run.progress=false "hydra.run.dir=$dir/runs/$name/r$r"
+        held_out_run "$h" "$d" "$config" "$dir/runs/$(run_name "$config")/r$r"
       done
     done
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/runs" --repeats > "$dir/repeats.txt"

@@ -15,8 +15,6 @@
 # 36 runs + 3 profiles is about 45 min) or two hierarchies on both datasets is too many (48 runs).
 # shellcheck source=validation_common.sh
 source "$(dirname "$0")/validation_common.sh"
-PROFILE_OPTIONS=${PROFILE_OPTIONS:-"profile.max_fed=16 profile.continuation=96"}
-TOKENS=96
 
 CONFIGS=("strategy=greedy")
 for w in 2 4 6; do CONFIGS+=("strategy=sd strategy.lookahead=$w"); done
@@ -29,17 +27,9 @@ started=$(date +%s)
 for h in $HIERARCHIES; do
   for d in $DATASETS; do
     dir="$OUT/$h/$d"
-    if [[ ! -f $dir/profile/profile.json ]]; then
-      # shellcheck disable=SC2086
-      "$PY" -m experiments.profile "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 0 9)" \
-        "max_new_tokens=$TOKENS" $PROFILE_OPTIONS "hydra.run.dir=$dir/profile"
-    fi
+    profile_once "$h" "$d" "$dir"
     for config in "${CONFIGS[@]}"; do
-      name=$(echo "$config" | sed 's/strategy=//; s/strategy\.lookahead=/L/; s/strategy\.max_lead=/M/; s/ /_/g')
-      [[ -f $dir/runs/$name/summary.json ]] && continue  # done by an earlier call: resume the sweep
-      # shellcheck disable=SC2086
-      "$PY" -m experiments.run "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 10 17)" "max_new_tokens=$TOKENS" \
-        $config run.progress=false "hydra.run.dir=$dir/runs/$name"
+      held_out_run "$h" "$d" "$config" "$dir/runs/$(run_name "$config")"
     done
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/runs" --json > "$dir/validation.json"
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/runs" > "$dir/validation.txt"
