@@ -12,8 +12,8 @@ there by an earlier call and no longer made is removed. Sources:
   ``humaneval/`` subfolder);
 - ``ours``: our exact (lossless) runs with greedy decoding under ``--results``; runs
   are drawn together only when they share dataset, budget and decoding
-  (``analysis.results.run_set_key``), and each is compared with the AR run of its own
-  target, dataset and budget (``analysis.results.greedy_reference``);
+  (``analysis.runs.run_set_key``), and each is compared with the AR run of its own
+  target, dataset and budget (``analysis.runs.greedy_reference``);
 - ``synthetic``: runs with synthetic acceptance (drafts accepted at a set rate: not
   lossless), only in the figure made for them.
 
@@ -56,7 +56,7 @@ from analysis import fit, wallclock  # noqa: E402
 from analysis import import_official as official  # noqa: E402
 from analysis import paper_model as pm  # noqa: E402
 from pipespec.stats import StageStats  # noqa: E402
-from analysis.results import (  # noqa: E402
+from analysis.runs import (  # noqa: E402
     ResultsError,
     Run,
     describe_run_set,

@@ -553,7 +553,7 @@ def _pair_stats(drafter: str, verifier: str, acc: dict) -> PairStats:
 
 
 def measure_run(run) -> Measurement:
-    """``measure_traces`` over every sample of an ``analysis.results.Run``."""
+    """``measure_traces`` over every sample of an ``analysis.runs.Run``."""
     return measure_traces(run.iter_traces())
 
 

@@ -1,4 +1,4 @@
-"""Read a machine profile (`python -m experiments.profile`, `pipespec.profiling`) without torch.
+"""Read a machine profile (`python -m experiments.profile`, `experiments.profiling`) without torch.
 
     python -m analysis.profile PROFILE.json      # what it holds, and whether it fits this machine
 
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from analysis.fit import CostFit, fit_step_cost
 
 FORMAT = "pipespec-profile"
-VERSION = 2  # acceptance sampled along the decoding walk (`pipespec.profiling`); 1: at fixed strides
+VERSION = 2  # acceptance sampled along the decoding walk (`experiments.profiling`); 1: at fixed strides
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
 IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads", "kernels", "vocab_limit")  # the same stage when these match
 # profiles written before the `kernels` stage option ran torch's kernels; before `vocab_limit`, whole heads (0)
@@ -61,7 +61,7 @@ class PairProfile:
     proposal_rate: float  # share of starts where the drafter proposed anything
     mean_proposal_length: float
     # per continuation, per position: how many drafts in a row the drafter got right from there
-    # (`pipespec.profiling.model_runs` / `proposal_runs`); empty in profiles measured before 2026-12-02
+    # (`experiments.profiling.model_runs` / `proposal_runs`); empty in profiles measured before 2026-12-02
     runs: tuple[tuple[int, ...], ...] = ()
 
 

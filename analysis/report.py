@@ -32,7 +32,7 @@ import matplotlib
 
 from analysis import figures, wallclock
 from analysis import import_official as official
-from analysis.results import ResultsError, find_runs
+from analysis.runs import ResultsError, find_runs
 from pipespec.stats import ratio
 
 TOLERANCE = 0.15  # the error our model is held to

@@ -193,7 +193,7 @@ class _ByPositionSampler:
 @dataclass(frozen=True)
 class AlongContinuations:
     """Acceptance read off real continuations instead of drawn: ``runs[c][j]`` is how many drafts in a row
-    the drafter gets right from output position j of continuation c (`pipespec.profiling`: its greedy
+    the drafter gets right from output position j of continuation c (`experiments.profiling`: its greedy
     drafts along the verifier's greedy continuation of a profile prompt). A verification of ``offered``
     drafts starting at position j accepts min(offered, runs[c][j]), so easy and hard stretches of a text
     come as they came (drawing each verification independently from the rates by position spreads

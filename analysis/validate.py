@@ -6,7 +6,7 @@
     python -m analysis.validate PROFILE RUN_DIRS... --repeats   # identical runs: their spread, the floor
     python -m analysis.validate --summary VALIDATION_JSON...    # held-out figures over several reports
 
-For each run (`analysis.results`), the configuration it ran (strategy, lookahead, max_lead, the stages it
+For each run (`analysis.runs`), the configuration it ran (strategy, lookahead, max_lead, the stages it
 used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict`, and the
 paper's model beside it) and set against the run's measured tokens/s. error = predicted / measured - 1.
 
@@ -47,7 +47,7 @@ from typing import Sequence
 
 from analysis.predict import predict
 from analysis.profile import Profile, ProfileError, load_profile, mismatches
-from analysis.results import ResultsError, Run, find_runs
+from analysis.runs import ResultsError, Run, find_runs
 from pipespec.errors import ConfigError
 from pipespec.schedule import DEFAULT_MAX_LEAD
 

@@ -499,7 +499,7 @@ def predict_official(
 class RunEvaluation:
     """One measured run beside both models' predictions."""
 
-    run: object  # analysis.results.Run
+    run: object  # analysis.runs.Run
     measurement: fit.Measurement
     ours: Prediction
     paper_tokens_per_s: float | None
@@ -533,7 +533,7 @@ def evaluate_run(run, greedy_t1_s: float | None = None, seed: int = 0) -> RunEva
     else ``greedy_t1_s`` (a greedy run of the same hierarchy), else the fitted
     target cost at n = 1.
     """
-    from analysis.results import ResultsError
+    from analysis.runs import ResultsError
 
     try:
         return _evaluate(run, greedy_t1_s, seed)
@@ -622,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import sys
 
-    from analysis.results import ResultsError, find_runs
+    from analysis.runs import ResultsError, find_runs
 
     parser = argparse.ArgumentParser(
         prog="python -m analysis.wallclock",

@@ -1,6 +1,6 @@
 """HF `generate` vs pipespec on the same models, prompts and machine, in one invocation (issue 7).
 
-    python -m experiments.bench                           # pipespec/conf/bench.yaml: HumanEval, then news_lee
+    python -m experiments.bench                           # conf/bench.yaml: HumanEval, then news_lee
     python -m experiments.bench dataset=humaneval         # one dataset (any dataset override means one)
     python -m experiments.bench samples=2 max_new_tokens=32 repetitions=1
     python -m experiments.bench models@k2=tiny_k2 models@k3=tiny_k3 random_prompt_length=12
@@ -58,6 +58,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from experiments.conf import CONFIG_PATH  # noqa: E402
+
 from experiments.benchlib.config import check_config, check_group_overrides, load_prompts  # noqa: E402
 from experiments.benchlib.report import format_markdown, prompt_source, summarize, write_outputs  # noqa: E402
 from experiments.benchlib.systems import Systems, resolve_setup  # noqa: E402
@@ -103,7 +105,7 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
 def auto_profile_prompts(cfg: Mapping[str, Any], tokenizer, context: int | None, family: str) -> list | None:
     """The prompts `auto` measures its short profile on when it has no profile: the dataset's first ones
     (before `prompt_offset`'s timed prompts when the offset leaves room), so a news bench profiles news."""
-    from pipespec.profiling import SHORT_PROMPTS
+    from experiments.profiling import SHORT_PROMPTS
 
     if "auto" not in cfg["systems"] or cfg["auto"].get("profile") is not None:
         return None
@@ -114,7 +116,7 @@ def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[
     """The whole benchmark once per dataset of `datasets` (each into out_dir/NAME, with its own
     `targets_by_dataset` on top of `targets`), or once on the composed `dataset` when it is null."""
     from experiments.benchlib.config import check_datasets
-    from pipespec.conf import load
+    from experiments.conf import load
 
     names = check_datasets(cfg)
     if not names:
@@ -135,11 +137,11 @@ def _fail(error: BaseException) -> None:
     sys.exit(2)
 
 
-@hydra.main(version_base="1.3", config_path="../pipespec/conf", config_name="bench")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="bench")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pipespec.data import DataError
+    from experiments.data import DataError
     from pipespec.errors import StageError
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)

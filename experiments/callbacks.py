@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 
 class CollectAtEnd(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from pipespec.collect import collect, format_markdown
-        from pipespec.results import ResultsError, find_run_dirs, refresh_reference
+        from analysis.collect import collect, format_markdown
+        from analysis.rundir import ResultsError, find_run_dirs, refresh_reference
 
         sweep_dir = Path(config.hydra.sweep.dir)
         if config.run.plan or not sweep_dir.exists():

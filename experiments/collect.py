@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipespec.collect import collect, format_csv, format_markdown
-from pipespec.results import ResultsError, atomic_write_text
+from analysis.collect import collect, format_csv, format_markdown
+from analysis.rundir import ResultsError, atomic_write_text
 
 
 def main(argv: list[str] | None = None) -> int:

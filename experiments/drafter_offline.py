@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "results" / "drafters"
 CACHE = OUT_DIR / "greedy_outputs.json"
-DATASETS = {"humaneval": "humaneval", "news_lee": "news_lee_cnndm"}  # pipespec/conf/dataset/*.yaml
+DATASETS = {"humaneval": "humaneval", "news_lee": "news_lee_cnndm"}  # conf/dataset/*.yaml
 
 
 # ---- 1. recording -----------------------------------------------------------------------
@@ -49,10 +49,10 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
     """Greedy outputs of fp32 SmolLM2, cached per sample (the file is rewritten after each)."""
     import torch
 
-    from pipespec import conf
-    from pipespec.data import build_prompt_ids, load_dataset
+    from experiments import conf
+    from experiments.data import build_prompt_ids, load_dataset
     from pipespec.decoding import greedy_generate
-    from pipespec.hierarchies import resolve_stage
+    from experiments.hierarchies import resolve_stage
     from pipespec.models import CausalLMRunner, context_length, eos_token_ids, load_model, load_tokenizer
 
     torch.set_num_threads(1)
@@ -102,7 +102,7 @@ def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 
     """
     import torch
 
-    from pipespec.hierarchies import resolve_stage
+    from experiments.hierarchies import resolve_stage
     from pipespec.models import CausalLMRunner, load_model
 
     torch.set_num_threads(1)

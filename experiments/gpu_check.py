@@ -4,11 +4,11 @@
     python -m experiments.gpu_check --device cpu --tokens 16 --prompts 2   # the same path on a CPU
 
 Needs no hub, no package registry and no carried weights: the tiny random LLaMA
-hierarchy (`pipespec.tiny`) is built into a temporary directory with the torch
+hierarchy (`experiments.tiny`) is built into a temporary directory with the torch
 and transformers installed on the machine. For each hierarchy (k = 2 and 3) and
 dtype it runs greedy, sd and pipespec through the real Pipeline on the device,
 classifies every output against that device's greedy output (identical /
-near_tie / unexplained, `pipespec.results.classify_identity`), and prints
+near_tie / unexplained, `analysis.rundir.classify_identity`), and prints
 tokens/s, the target's step time for 8 tokens over 1 token, and the NVML
 figures of the GPUs (utilisation, peak memory, power, energy per token). Exit
 code 0 when nothing is unexplained, 1 otherwise, 2 for bad options.
@@ -27,12 +27,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 STRATEGIES = ("greedy", "sd", "pipespec")
-TINY_DRAFT_NOISE = (0.3, 0.05)  # as pipespec.hierarchies builds tiny_k2 / tiny_k3
+TINY_DRAFT_NOISE = (0.3, 0.05)  # as experiments.hierarchies builds tiny_k2 / tiny_k3
 
 
 def hierarchies(directory: str) -> dict[str, list[str]]:
     """tiny_k3 = draft 0.3, draft 0.05, target; tiny_k2 = draft 0.05, target (as conf/models/tiny_k*.yaml)."""
-    from pipespec.tiny import build_tiny_hierarchy
+    from experiments.tiny import build_tiny_hierarchy
 
     paths = build_tiny_hierarchy(directory, TINY_DRAFT_NOISE, seed=0)
     return {"tiny_k2": paths[1:], "tiny_k3": paths}
@@ -42,7 +42,9 @@ def step_time_ratio(target: str, device: str, dtype: str, prefix: int = 32, reps
     """Median time of the target's forward pass over 8 candidates vs 1 (after a cached prefix)."""
     import torch
 
-    from pipespec.models import CausalLMRunner, StageSpec, load_model
+    from pipespec.models import CausalLMRunner, load_model
+
+    from pipespec.specs import StageSpec
 
     runner = CausalLMRunner(load_model(StageSpec(model=target, device=device, dtype=dtype)))
     sequence = list(range(2, 2 + prefix))
@@ -71,7 +73,7 @@ def run_case(paths, device, dtype, prompts, tokens, lookahead, threshold):
     """Every strategy on one pipeline; records shaped like a run's samples.jsonl, classified."""
     from pipespec import Pipeline
     from pipespec.gpu import sample_gpu_figures
-    from pipespec.results import classify_identity
+    from analysis.rundir import classify_identity
 
     specs = [{"model": p, "device": device, "dtype": dtype} for p in paths]
     rows = {}
@@ -128,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipespec.errors import ConfigError, StageError
     from pipespec.gpu import gpu_facts, open_backend, GpuSampler, summarize_series
-    from pipespec.models import StageSpec
-    from pipespec.results import near_tie_threshold
-    from pipespec.tiny import random_prompts
+    from pipespec.specs import StageSpec
+    from analysis.rundir import near_tie_threshold
+    from experiments.tiny import random_prompts
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     try:

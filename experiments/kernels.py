@@ -6,7 +6,7 @@ gives the same tokens with all of them (`pipespec.kernels`).
         max_new_tokens=128 [--max-fed 16] [--repeats 5] [--variants torch,onednn,compile] \
         [--out results/kernels/humaneval]
 
-Composes the runner's config (`pipespec/conf/config.yaml`: models, dataset; any override). Every model
+Composes the runner's config (`conf/config.yaml`: models, dataset; any override). Every model
 stage that oneDNN prepacking applies to (CPU, float32, not quantized) is loaded once per variant in this
 process. Variants (`--variants`, default torch,onednn; the first is the reference of every ratio and
 identity check):
@@ -221,7 +221,7 @@ def exactness(runners: dict, prompts: list, budget: int, failed: dict, log) -> l
 
 
 def _greedy_and_verify(runner, prompt: list[int], budget: int) -> tuple[list[int], bool]:
-    from pipespec.profiling import greedy_continuation
+    from experiments.profiling import greedy_continuation
 
     output = greedy_continuation(runner, prompt, budget)
     return output, verifies_like_greedy(runner, prompt, output)
@@ -232,7 +232,7 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
     """One model stage's report: t(n) per variant, warm-up facts, exactness per prompt, the variants that failed."""
     import torch
 
-    from pipespec.profiling import interleaved_step_costs
+    from experiments.profiling import interleaved_step_costs
 
     torch.set_num_threads(spec.threads)
     context = list(prompts[0][1])
@@ -260,10 +260,10 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
 
 def compare(config: dict, max_fed: int, repeats: int, log=print, variants: tuple[str, ...] = KERNELS_COMPARED) -> dict:
     from experiments.profile import profile_prompts
-    from pipespec.hierarchies import resolve_stages
+    from experiments.hierarchies import resolve_stages
     from pipespec.kernels import obstacle
     from pipespec.models import check_shared_vocabulary, context_length
-    from pipespec.profiling import machine_facts
+    from experiments.machine import machine_facts
 
     specs = resolve_stages(config["models"]["stages"])
     tokenizer = check_shared_vocabulary(specs)
@@ -358,12 +358,8 @@ def format_markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-
-    from pipespec.conf import CONF_DIR
-    from pipespec.data import DataError
+    from experiments.conf import compose
+    from experiments.data import DataError
     from pipespec.errors import ConfigError
 
     parser = argparse.ArgumentParser(prog="python -m experiments.kernels", description=__doc__.splitlines()[0])
@@ -384,10 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            config = OmegaConf.to_container(compose("config", overrides=args.overrides), resolve=True)
+        config = compose("config", args.overrides)
         report = compare(config, args.max_fed, args.repeats, log, variants)
-    except (ConfigError, DataError, HydraException) as error:
+    except (ConfigError, DataError) as error:
         print(f"error: {(str(error).strip().splitlines() or [type(error).__name__])[0]}", file=sys.stderr)
         return 2
     out = Path(args.out)

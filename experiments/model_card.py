@@ -1,6 +1,6 @@
 """Model card of the default CPU hierarchies, measured on this machine.
 
-    python -m experiments.model_card --samples 20 --max-new-tokens 128 --write pipespec/conf/models/README.md
+    python -m experiments.model_card --samples 20 --max-new-tokens 128 --write conf/models/README.md
 
 For every named SmolLM2 hierarchy and each dataset (HumanEval, the news_lee stand-in
 with the CNN/DM prompt, chat template applied), it runs greedy, sd and pipespec on
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from pipespec.conf import load as load_conf
+from experiments.conf import load as load_conf
 from pipespec.stats import StageStats, pool
 
 HIERARCHIES = ("smollm2_int8_fp32", "smollm2_pld_int8_fp32", "smollm2_pld_fp32")
@@ -29,7 +29,7 @@ DATASETS = ("humaneval", "news_lee_cnndm")
 
 
 def dataset_prompt_ids(name: str, n: int, tokenizer, context_length: int, max_new_tokens: int) -> list[list[int]]:
-    from pipespec.data import build_prompt_ids, load_dataset
+    from experiments.data import build_prompt_ids, load_dataset
 
     cfg = load_conf("dataset", name)
     cfg["n_samples"] = n
@@ -78,7 +78,7 @@ def idle_cpu_fraction(pipe, prompt_ids: list[int], max_new_tokens: int) -> float
 
 def measure_hierarchy(name: str, samples: int, max_new_tokens: int, sd_lookahead: int, progress) -> dict:
     from pipespec.api import Pipeline
-    from pipespec.hierarchies import load_hierarchy
+    from experiments.hierarchies import load_hierarchy
 
     specs = load_hierarchy(name)
     rows = {}
@@ -118,7 +118,7 @@ def format_card(cards: dict, costs: dict, args) -> str:
         "# Model card: the default CPU hierarchies",
         "",
         "Regenerate: `.venv/bin/python -m experiments.model_card "
-        f"--samples {args.samples} --max-new-tokens {args.max_new_tokens} --write pipespec/conf/models/README.md` "
+        f"--samples {args.samples} --max-new-tokens {args.max_new_tokens} --write conf/models/README.md` "
         "(2-core machine, one torch thread per stage; timings are noisy, compare within one run).",
         "",
         f"Acceptance per pair from `sd` traces (window {args.sd_lookahead}); tokens/s pooled over the prompts; "
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tqdm import tqdm
 
-    from pipespec.hierarchies import load_hierarchy
+    from experiments.hierarchies import load_hierarchy
 
     def progress(items, desc):
         return tqdm(items, desc=desc, file=sys.stderr)

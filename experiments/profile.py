@@ -5,7 +5,7 @@
     python -m experiments.profile models=smollm2_int8_fp32 dataset=news_lee costs_from=OTHER/profile.json
         # acceptance on news_lee, step costs, prefill and handoff reused from OTHER (same machine and stages)
 
-The measurement is `pipespec.profiling`; `python -m analysis.predict RUN_DIR/profile.json` reads it.
+The measurement is `experiments.profiling`; `python -m analysis.predict RUN_DIR/profile.json` reads it.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from experiments.conf import CONFIG_PATH  # noqa: E402
+
 PROFILE_FILE = "profile.json"
 
 
 def profile_prompts(config: dict, tokenizer, context_length) -> tuple[str, list[tuple[str, list[int]]]]:
     """(dataset name, [(sample id, prompt ids)]) as a run of the same config would build them."""
-    from pipespec.data import build_prompt_ids, load_dataset
+    from experiments.data import build_prompt_ids, load_dataset
 
     dataset = load_dataset(config["dataset"])
     family = config["models"].get("family", "base")
@@ -58,9 +60,9 @@ def read_costs_from(path: str | None) -> dict | None:
 
 
 def write_profile(config: dict, run_dir: str | Path) -> Path:
-    from pipespec.hierarchies import resolve_stages
+    from experiments.hierarchies import resolve_stages
     from pipespec.models import check_shared_vocabulary, context_length
-    from pipespec.profiling import ProfileOptions, measure_profile
+    from experiments.profiling import ProfileOptions, measure_profile
 
     options = ProfileOptions(**(config.get("profile") or {}))
     specs = resolve_stages(config["models"]["stages"])
@@ -76,11 +78,11 @@ def write_profile(config: dict, run_dir: str | Path) -> Path:
     return path
 
 
-@hydra.main(version_base="1.3", config_path="../pipespec/conf", config_name="profile")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="profile")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pipespec.data import DataError
+    from experiments.data import DataError
     from pipespec.errors import ConfigError, StageError
 
     config = OmegaConf.to_container(cfg, resolve=True)

@@ -91,9 +91,9 @@ def run_faults(log) -> dict:
     from pipespec.faults import FaultPlan
     from pipespec.errors import StageError
     from pipespec.decoding import greedy_generate
-    from pipespec.hierarchies import load_hierarchy
+    from experiments.hierarchies import load_hierarchy
     from pipespec.models import CausalLMRunner, load_model
-    from pipespec.tiny import random_prompts
+    from experiments.tiny import random_prompts
 
     specs = {2: load_hierarchy("tiny_k2"), 3: load_hierarchy("tiny_k3")}
     torch.set_num_threads(1)
@@ -168,7 +168,7 @@ def _lines(run: Path) -> int:
 
 def _whole_records(run: Path) -> list[dict]:
     """Newline-terminated lines of samples.jsonl, each a whole record (else the store is corrupt)."""
-    from pipespec.results import RECORD_KEYS
+    from analysis.rundir import RECORD_KEYS
 
     path = run / "samples.jsonl"
     if not path.exists():
@@ -182,7 +182,7 @@ def _whole_records(run: Path) -> list[dict]:
 def run_resume(log) -> dict:
     import psutil
 
-    from pipespec.results import read_records, read_summary
+    from analysis.rundir import read_records, read_summary
 
     rng = random.Random(SEED)
     first, second = rng.randint(1, 3), rng.randint(1, 3)
@@ -265,8 +265,8 @@ BAD_RUN_OPTIONS = [
 
 
 def run_bad_inputs(log) -> dict:
-    from pipespec.hierarchies import tiny_model_dir
-    from pipespec.tiny import build_tiny_hierarchy
+    from experiments.hierarchies import tiny_model_dir
+    from experiments.tiny import build_tiny_hierarchy
 
     tiny_model_dir("target")  # built once, before several processes want it
     failures, lines = [], []

@@ -7,7 +7,7 @@
     python -m experiments.run experiment=table2_humaneval_llama3 run.plan=true
     torchrun --nproc_per_node=4 -m experiments.run models=tiny_k3 strategy=pipespec   # rank 0 + 3 stage ranks
 
-The work is in `pipespec.runner` (no Hydra there); this file composes the config,
+The work is in `experiments.runner` (no Hydra there); this file composes the config,
 prints the plan or the run's table, and turns known errors into one line.
 """
 
@@ -22,12 +22,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from experiments.conf import CONFIG_PATH  # noqa: E402
+
 EMBEDDED_DEFAULT = ["-m", "strategy=greedy,auto"]
 
 
 def plan(config: dict) -> None:
-    from pipespec.hierarchies import resolve_stages
-    from pipespec.plan import format_plan, plan_stages
+    from experiments.hierarchies import resolve_stages
+    from experiments.plan import format_plan, plan_stages
 
     specs = resolve_stages(config["models"]["stages"], check_devices=False)
     strategy = config["strategy"]
@@ -39,13 +41,13 @@ def plan(config: dict) -> None:
     print(format_plan(plan_stages(specs)))
 
 
-@hydra.main(version_base="1.3", config_path="../pipespec/conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pipespec.data import DataError
+    from experiments.data import DataError
     from pipespec.errors import ConfigError, StageError
-    from pipespec.runner import RunError, format_run, run_experiment
+    from experiments.runner import RunError, format_run, run_experiment
 
     config = OmegaConf.to_container(cfg, resolve=True)
     try:

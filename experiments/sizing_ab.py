@@ -3,7 +3,7 @@
     python -m experiments.sizing_ab models=smollm2_pld_fp32 dataset=humaneval \
         'dataset.ids=[HumanEval/10,HumanEval/11]' strategy=pipespec strategy.lookahead=2 max_new_tokens=96
 
-Composes the runner's config (`pipespec/conf/config.yaml`: models, dataset, strategy groups; any override).
+Composes the runner's config (`conf/config.yaml`: models, dataset, strategy groups; any override).
 One `Pipeline` serves both variants, alternating per prompt (A B, then B A, ...) so drift of the machine
 falls on both; a short warm-up generation of each comes first, and the sizing verifier's history (its
 t(n) and acceptance, `pipespec.schedule.VerifyHistory`) carries over between prompts as in any long-lived
@@ -25,7 +25,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 def compare(config: dict) -> dict:
     from experiments.profile import profile_prompts
     from pipespec.api import Pipeline
-    from pipespec.hierarchies import resolve_stages
+    from experiments.hierarchies import resolve_stages
 
     strategy = config["strategy"]
     budget = config["max_new_tokens"]
@@ -55,20 +55,15 @@ def compare(config: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-
-    from pipespec.conf import CONF_DIR
-    from pipespec.data import DataError
+    from experiments.conf import compose
+    from experiments.data import DataError
     from pipespec.errors import ConfigError, StageError
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            config = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+        config = compose("config", overrides)
         print(json.dumps(compare(config)))
-    except (ConfigError, DataError, StageError, HydraException) as error:
+    except (ConfigError, DataError, StageError) as error:
         print(f"error: {(str(error).strip().splitlines() or [type(error).__name__])[0]}", file=sys.stderr)
         return 2
     return 0

@@ -29,8 +29,8 @@ def rss_mb(pids: list[int]) -> list[float]:
 
 def soak(models: str, generations: int, max_new_tokens: int, bound_mb: float, timeout_s: float) -> dict:
     from pipespec.api import Pipeline
-    from pipespec.hierarchies import load_hierarchy
-    from pipespec.tiny import random_prompts
+    from experiments.hierarchies import load_hierarchy
+    from experiments.tiny import random_prompts
 
     prompts = random_prompts(8, length=16, seed=3)
     plan = [("greedy", 0), ("sd", 2), ("sd", 4), ("pipespec", 0), ("pipespec", 2)]

@@ -16,7 +16,7 @@ def __getattr__(name):
 
         return getattr(errors, name)
     if name == "StageSpec":
-        from pipespec import models
+        from pipespec import specs
 
-        return getattr(models, name)
+        return getattr(specs, name)
     raise AttributeError(name)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import numbers
-import secrets
 import signal
 import socket
 import threading
@@ -47,21 +46,14 @@ from pipespec.launch import (
     LaunchEnv,
     exit_if_bootstrapping_child,
     resolve_launch,
-    serve_stage_rank,
     unguarded_main_message,
 )
-from pipespec.models import (
-    MODEL_FREE_KINDS,
-    assign_devices,
-    StageSpec,
-    check_shared_vocabulary,
-    context_length,
-    eos_token_ids,
-)
+from pipespec.models import assign_devices, check_shared_vocabulary, context_length, eos_token_ids
+from pipespec.specs import StageSpec
 from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
-from pipespec.schedule import DEFAULT_MAX_LEAD, check_cascade, check_flag, check_options, roles
+from pipespec.options import CallOptions, CallPlan, check_timeout
+from pipespec.schedule import DEFAULT_MAX_LEAD
 from pipespec.trace import StageTrace, format_summary, summarize
-from pipespec.verify import check_acceptance, check_sampling
 
 HOST = "127.0.0.1"
 
@@ -78,7 +70,7 @@ class GenerationResult:
     acceptance: str = "exact"  # "exact" (the verify rule) or "synthetic" (seeded coins, for benchmarking)
     synthetic_rates: list[float] | None = None  # per drafter/verifier pair, under synthetic acceptance
     lossless: bool = True  # False: the tokens do not follow the target's (greedy or sampling) distribution
-    margins: list[float] | None = None  # the target's top-2 logit margin at each token (pipespec.results classifies)
+    margins: list[float] | None = None  # the target's top-2 logit margin at each token (analysis.rundir classifies)
 
     def summary(self) -> list[dict[str, Any]]:
         return summarize(self.stage_traces, len(self.tokens))
@@ -173,8 +165,6 @@ class Pipeline:
         seed: int | None = None,
         acceptance: str = "exact",
         synthetic_rates: float | Sequence[float] | None = None,
-        profile: str | None = None,  # strategy="auto": a profile.json path (None: the cached short profile)
-        profile_prompts: Sequence[str | Sequence[int]] | None = None,  # ... measured on these (None: HumanEval's)
     ):
         exit_if_bootstrapping_child()  # a stage process re-running an unguarded main module: say so and end
         launch = resolve_launch(launch)
@@ -187,24 +177,18 @@ class Pipeline:
         self.launch_env = LaunchEnv.from_environ() if launch == "torchrun" else None
         if self.launch_env is not None:
             self.launch_env.check_world(len(self.specs))
-        self.auto = None  # strategy="auto": the choice (pipespec.autoconf.AutoChoice) and why
-        if (profile is not None or profile_prompts is not None) and strategy != "auto":
-            raise ConfigError(f"profile and profile_prompts are only read by strategy='auto', got strategy={strategy!r}")
         if strategy == "auto":
-            from pipespec.autoconf import choose_for_pipeline
-
-            self.auto = choose_for_pipeline(self.specs, profile, draft_confidence, value_stop, profile_prompts)
-            self.specs = [self.specs[i] for i in self.auto.stages]
-            strategy, lookahead, max_lead = self.auto.strategy, self.auto.lookahead, self.auto.max_lead
-        check_options(strategy, len(self.specs), lookahead, max_lead, draft_confidence, value_stop)
-        self.strategy, self.lookahead, self.max_lead = strategy, lookahead, max_lead
-        self.draft_confidence, self.value_stop = draft_confidence, value_stop
-        self.size_verification = check_flag("size_verification", size_verification)
-        self.cascade = self._check_cascade(strategy, cascade)
-        sampling = check_sampling(temperature, top_k, top_p, 0 if seed is None else seed)
-        check_acceptance(acceptance, synthetic_rates, len(self.specs), sampling)
-        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
-        self.acceptance, self.synthetic_rates = acceptance, synthetic_rates
+            raise ConfigError("strategy 'auto' is a tool on top of the engine: experiments.auto.AutoPipeline(stages, "
+                              "profile=...) makes a Pipeline at the configuration a machine profile predicts fastest")
+        # the defaults of every call, checked once here (each call's own options are checked when it starts)
+        self.defaults = CallOptions(
+            strategy=strategy, lookahead=lookahead, max_lead=max_lead, draft_confidence=draft_confidence,
+            size_verification=size_verification, cascade=cascade, value_stop=value_stop, temperature=temperature,
+            top_k=top_k, top_p=top_p, seed=seed, acceptance=acceptance, synthetic_rates=synthetic_rates,
+        )  # fmt: skip
+        self.defaults.plan(self.stage_kinds, self.stage_labels)
+        check_timeout("start_timeout_s", start_timeout_s)
+        check_timeout("stall_timeout_s", stall_timeout_s)
         self.start_timeout_s, self.stall_timeout_s = start_timeout_s, stall_timeout_s
         # refuse mismatched vocabularies before any stage process starts
         self.tokenizer = check_shared_vocabulary(self.specs)
@@ -224,7 +208,22 @@ class Pipeline:
         self._call_owner: int | None = None  # the thread in a generate call
         self._store = None  # the store of the current start (kept alive as long as the transport)
         if self.launch_env is not None and self.launch_env.rank >= 1:
+            from pipespec.stage import serve_stage_rank
+
             serve_stage_rank(self.launch_env, self.specs, start_timeout_s)  # this rank is a stage: never returns
+
+    @property
+    def stage_kinds(self) -> list[str]:
+        return [s.kind for s in self.specs]
+
+    @property
+    def stage_labels(self) -> list[str]:
+        return [s.label for s in self.specs]
+
+    @property
+    def strategy(self) -> str:
+        """The default strategy of this pipeline's calls."""
+        return self.defaults.strategy
 
     def _stage_names(self) -> list[str]:
         labels = [s.label for s in self.specs]
@@ -470,23 +469,17 @@ class Pipeline:
             self._call_owner = owner
             self._calls.release()
 
-    def _check_cascade(self, strategy: str, cascade) -> bool:
-        """`cascade` needs pipespec, >= 3 stages and a model-free first stage (its proposals are passed on)."""
-        check_cascade(strategy, len(self.specs), cascade)
-        if cascade and self.specs[0].kind not in MODEL_FREE_KINDS:
-            raise ConfigError(f"cascade needs a model-free first stage ({' or '.join(MODEL_FREE_KINDS)}), "
-                              f"got {self.specs[0].label}")  # fmt: skip
-        return cascade
-
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **options) -> GenerationResult:
-        """Generate up to `max_new_tokens` after `prompt`; `options` (strategy, lookahead, max_lead,
-        draft_confidence, size_verification, cascade, value_stop, timeout_s, sampling, acceptance) left None take the
-        pipeline's defaults.
+        """Generate up to `max_new_tokens` after `prompt`; `options` (`pipespec.options.CallOptions`: strategy,
+        lookahead, max_lead, draft_confidence, size_verification, cascade, value_stop, timeout_s, sampling,
+        acceptance, forget_outputs) left None take the pipeline's defaults.
 
         Safe from several threads: calls are served one at a time, each exactly as if it were alone
         (`timeout_s` also bounds the wait for its turn). `submit` queues calls instead."""
-        with self._turn(options.get("timeout_s")):
-            result = self._generate(prompt, max_new_tokens, **options)
+        call = self.defaults.merged(**options)
+        plan = call.plan(self.stage_kinds, self.stage_labels)  # every option checked before the call waits
+        with self._turn(call.timeout_s):
+            result = self._generate(prompt, max_new_tokens, call, plan)
             if self._terminating:  # the launcher stops the job: another rank failed
                 raise StageError("the launcher (torchrun) is stopping this job: another rank failed", kind="died")
             return result
@@ -500,58 +493,10 @@ class Pipeline:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipespec-submit")
             return self._executor.submit(self.generate, prompt, max_new_tokens, **options)
 
-    def _generate(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int = 128,
-        *,
-        strategy: str | None = None,
-        lookahead: int | None = None,
-        max_lead: int | None = None,
-        draft_confidence: float | None = None,
-        size_verification: bool | None = None,
-        cascade: bool | None = None,
-        value_stop: float | None = None,
-        timeout_s: float | None = None,
-        faults=None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        acceptance: str | None = None,
-        synthetic_rates: float | Sequence[float] | None = None,
-        forget_outputs: bool = False,
-    ) -> GenerationResult:
-        """Generate up to `max_new_tokens` after `prompt`; options left None take the pipeline's defaults.
-        `forget_outputs`: a suffix stage running this request first drops the earlier outputs it indexed.
-
-        `faults` is for tests only: a `pipespec.faults.FaultPlan` the named stage acts on."""
-
-        def pick(value, default):
-            return default if value is None else value
-
-        strategy = strategy or self.strategy
-        lookahead = pick(lookahead, self.lookahead)
-        max_lead = pick(max_lead, self.max_lead)
-        stage_roles = roles(
-            strategy, len(self.specs), lookahead, max_lead, pick(draft_confidence, self.draft_confidence),
-            pick(size_verification, self.size_verification),  # roles() checks it is a bool
-            self._check_cascade(strategy, pick(cascade, self.cascade and strategy == "pipespec")),  # a default for pipespec
-            pick(value_stop, self.value_stop),
-        )
-        seed = pick(seed, self.seed)
-        sampling = check_sampling(
-            pick(temperature, self.temperature),
-            pick(top_k, self.top_k),
-            pick(top_p, self.top_p),
-            secrets.randbits(63) if seed is None else seed,  # recorded in the result: the call can be replayed
-        )
-        acceptance = check_acceptance(
-            pick(acceptance, self.acceptance), pick(synthetic_rates, self.synthetic_rates), len(self.specs), sampling
-        )
-        if not isinstance(forget_outputs, bool):
-            raise ConfigError(f"forget_outputs must be true or false, got {forget_outputs!r}")
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+    def _generate(self, prompt: str | Sequence[int], max_new_tokens: int, call: CallOptions,
+                  plan: CallPlan) -> GenerationResult:  # fmt: skip
+        """One call with checked options (`generate`): encode, send the job, gather result and traces."""
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be an integer > 0, got {max_new_tokens!r}")
         prompt_ids = self.encode(prompt)
         if not prompt_ids:
@@ -566,10 +511,10 @@ class Pipeline:
         self._request += 1
         job = Job(
             request=self._request, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids,
-            roles=stage_roles, stall_timeout_s=self.stall_timeout_s, stage_names=self.names, sampling=sampling,
-            acceptance=acceptance, forget_outputs=forget_outputs, faults=faults,
+            roles=plan.roles, stall_timeout_s=self.stall_timeout_s, stage_names=self.names, sampling=plan.sampling,
+            acceptance=plan.acceptance, forget_outputs=call.forget_outputs, faults=call.faults,
         )  # fmt: skip
-        active = [i for i, role in enumerate(stage_roles) if role.active]
+        active = [i for i, role in enumerate(plan.roles) if role.active]
         started = time.perf_counter()
         self._check_processes()
         for i in active:
@@ -577,7 +522,7 @@ class Pipeline:
                 self.transport.send(i + 1, Generate(job))
             except ConnectionError as error:
                 self._diagnose_and_fail([Failed(i, "lost_link", str(error))])
-        deadline = time.monotonic() + (timeout_s or float("inf"))
+        deadline = time.monotonic() + (call.timeout_s or float("inf"))
         traces: dict[int, StageTrace] = {}
         output, margins = None, None
         target = len(self.specs) - 1
@@ -603,13 +548,13 @@ class Pipeline:
             tokens=output,
             text=self.tokenizer.decode(output, skip_special_tokens=True),
             time_s=elapsed,
-            strategy=strategy,
-            lookahead=lookahead,
+            strategy=call.strategy,
+            lookahead=call.lookahead,
             stage_traces=[traces[i] for i in sorted(traces)],
-            sampling=sampling.as_dict(),
-            acceptance=acceptance.mode,
-            synthetic_rates=list(acceptance.rates) if acceptance.mode == "synthetic" else None,
+            sampling=plan.sampling.as_dict(),
+            acceptance=plan.acceptance.mode,
+            synthetic_rates=list(plan.acceptance.rates) if plan.acceptance.mode == "synthetic" else None,
             # a test's deliberately wrong rule is not lossless either
-            lossless=acceptance.lossless and (faults is None or faults.lossless),
+            lossless=plan.acceptance.lossless and (call.faults is None or call.faults.lossless),
             margins=margins,
         )

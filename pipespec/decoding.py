@@ -41,7 +41,7 @@ def model_step(
     `with_confidence`: also return the stage's own probability of each emitted token (the
     distribution it samples from, or the softmax of its logits when greedy).
     `with_margins`: also return, for each emitted token, the gap between the two largest logits
-    of the row that decided it (how near a tie the argmax was: `pipespec.results` classifies
+    of the row that decided it (how near a tie the argmax was: `analysis.rundir` classifies
     fp16 mismatches with it).
     """
     fed = len(sequence) - runner.cache_length + len(drafts)

@@ -11,7 +11,7 @@ lazily), else by running `nvidia-smi` once per sample, else not at all. Each
 sample is timestamped on `time.perf_counter()`, the clock of the stage traces,
 so a stage cuts out exactly the samples of one request (`window`) and ships
 them with its trace. Energy is integrated from power (trapezoids, clipped to
-the window). Everything from `energy_j` down is pure Python: `pipespec.results`
+the window). Everything from `energy_j` down is pure Python: `analysis.rundir`
 pools the per-sample figures into summary.json without torch.
 
 GPUs are named by their NVML (physical) index: a process that sees a subset

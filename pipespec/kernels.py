@@ -27,7 +27,7 @@ import os
 import torch
 
 from pipespec.errors import ConfigError
-from pipespec.models import KERNELS, KERNELS_ENV, static_kernel_obstacle
+from pipespec.specs import KERNELS, KERNELS_ENV, static_kernel_obstacle
 
 
 def onednn_available() -> bool:

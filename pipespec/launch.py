@@ -10,9 +10,8 @@ Three launches (`Pipeline(..., launch=...)`; None picks "torchrun" under torchru
 - "external": another launcher (srun, a job script) starts `python -m pipespec.stage` on ranks
   1..k; the driver serves the store at the address it is given.
 
-Each start of a pipeline takes the next number from a counter in the store and keeps its keys
-under `pipespec/<number>/`, so a pipeline restarted on the same store meets afresh. Pure
-Python and no torch: the stores are made in `pipespec.transport`.
+Pure Python and no torch: the stores are made in `pipespec.transport`, and a stage rank is
+served by `pipespec.stage.serve_stage_rank`.
 """
 
 from __future__ import annotations
@@ -26,14 +25,8 @@ from typing import Mapping
 from pipespec.errors import ConfigError
 
 LAUNCHES = ("local", "torchrun", "external")
-START_COUNTER = "pipespec/starts"  # the store's counter of pipeline starts
 UNGUARDED_MAIN_EXIT = 86  # a stage process found itself re-running the user's unguarded main module
 GUARD_FIX = 'if __name__ == "__main__":\n    main()'
-
-
-def start_prefix(start: int) -> str:
-    """Where the keys of pipeline start number `start` live in the store."""
-    return f"pipespec/{start}/"
 
 
 def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
@@ -125,20 +118,3 @@ def exit_if_bootstrapping_child() -> None:
         print(f"pipespec: {unguarded_main_message()}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(UNGUARDED_MAIN_EXIT)
-
-
-def serve_stage_rank(env: LaunchEnv, specs: list, timeout_s: float) -> None:
-    """Serve stage RANK - 1 of `specs` in this process, for the driver's latest pipeline start at
-    MASTER_ADDR:MASTER_PORT, and end the process when the driver shuts the stage down."""
-    import dataclasses
-
-    import torch
-
-    from pipespec.stage import stage_process_main
-
-    index = env.rank - 1
-    spec = specs[index]
-    spec = dataclasses.replace(spec, device=rank_device(spec.device, env.local_rank, torch.cuda.device_count()))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    stage_process_main(index, spec, len(specs), env.master_addr, env.master_port, timeout_s)  # exits the process

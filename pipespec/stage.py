@@ -43,7 +43,8 @@ from pipespec import schedule
 from pipespec.decoding import final_output, is_finished, model_step
 from pipespec.drafters import build_drafter, common_prefix
 from pipespec.gpu import stage_sampler
-from pipespec.models import CausalLMRunner, StageSpec, load_model
+from pipespec.models import CausalLMRunner, load_model
+from pipespec.specs import StageSpec
 from pipespec.protocol import (
     Commit, Done, Drafts, Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace, REQUEST_MESSAGES,
 )  # fmt: skip
@@ -496,6 +497,23 @@ def serve(index: int, n_stages: int, engine: StageEngine, inbox: Inbox) -> None:
         request.log("reported")
 
 
+def serve_stage_rank(env: LaunchEnv, specs: list, timeout_s: float) -> None:
+    """Serve stage RANK - 1 of `specs` in this process, for the driver's latest pipeline start at
+    MASTER_ADDR:MASTER_PORT, and end the process when the driver shuts the stage down."""
+    import dataclasses
+
+    import torch
+
+    from pipespec.launch import rank_device
+
+    index = env.rank - 1
+    spec = specs[index]
+    spec = dataclasses.replace(spec, device=rank_device(spec.device, env.local_rank, torch.cuda.device_count()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    stage_process_main(index, spec, len(specs), env.master_addr, env.master_port, timeout_s)  # exits the process
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one stage rank started by an external launcher (srun, a job script, another machine).
 
@@ -508,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from pipespec.errors import ConfigError
-    from pipespec.launch import LaunchEnv, serve_stage_rank
+    from pipespec.launch import LaunchEnv
 
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("--stages", required=True, help="JSON file: the list of stages, smallest first")

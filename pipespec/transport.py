@@ -12,7 +12,9 @@ The process group is created from its own store (not the global default
 group), so a process may drive several pipelines one after another. The store
 is a TCPStore that the driver serves (`serve_store`) or that a launcher's agent
 already serves (torchrun: `client_store`); each pipeline start keeps its keys
-under its own prefix (`new_start` on the driver, `join_start` on a stage).
+under its own prefix (`new_start` on the driver, `join_start` on a stage): each start takes the
+next number from a counter in the store and keeps its keys under `pipespec/<number>/`, so a
+pipeline restarted on the same store meets afresh.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from pipespec.launch import START_COUNTER, start_prefix
 from pipespec.protocol import LinkBroken  # put in the inbox when the link to a peer breaks
 
+START_COUNTER = "pipespec/starts"  # the store's counter of pipeline starts
 IDLE_LINK_TIMEOUT = datetime.timedelta(days=365)
 FRAME = 1024  # bytes of the first tensor of every message: an 8-byte length, then the payload's start
 HEADER = 8
@@ -43,6 +45,11 @@ class LinkLost(ConnectionError):
     def __init__(self, text: str, peer: int):
         super().__init__(text)
         self.waited_for = peer - 1 if peer > 0 else None  # the stage at the other end (None: the driver)
+
+
+def start_prefix(start: int) -> str:
+    """Where the keys of pipeline start number `start` live in the store."""
+    return f"pipespec/{start}/"
 
 
 def serve_store(host: str, port: int, timeout_s: float) -> dist.Store:

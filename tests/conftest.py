@@ -2,7 +2,7 @@
 
 A module that uses `tiny` or `pipes` says what it wants in module-level constants:
 
-    TINY = {"noise": [0.3, 0.05], "eos_token_id": None}   # pipespec.tiny.build_tiny_hierarchy options
+    TINY = {"noise": [0.3, 0.05], "eos_token_id": None}   # experiments.tiny.build_tiny_hierarchy options
     K2_STAGES = (0, -1)            # which two of the tiny stages make the k=2 pipeline (default: the last two)
     PIPELINE_OPTIONS = {...}       # passed to every Pipeline of `pipes`
 
@@ -27,7 +27,7 @@ os.environ.setdefault("PIPESPEC_KERNELS", "torch")
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """tiny_models(noise, **options) -> model directories, built once per session per options."""
-    from pipespec.tiny import build_tiny_hierarchy
+    from experiments.tiny import build_tiny_hierarchy
 
     built = {}
 

@@ -1,4 +1,4 @@
-"""strategy="auto" (pipespec.autoconf): the configuration a machine profile predicts fastest, greedy
+"""strategy="auto" (experiments.auto): the configuration a machine profile predicts fastest, greedy
 included, in the runner and the API; the short profile measured and cached when there is none; a profile
 from elsewhere refused under auto. One short tiny_k2 profile is measured for the module (by the runner)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from analysis import predict as pr
 from analysis import profile as pf
-from pipespec import autoconf
+from experiments import auto as autoconf
 from pipespec.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def test_runner_auto_measures_caches_and_records_the_choice(auto_run, profile_pa
     assert record["predicted_tokens_per_s"] == pytest.approx(best.predicted_tokens_per_s)
     assert len(record["runners_up"]) == autoconf.RUNNERS_UP
     assert summary["strategy"] == best.strategy  # the run ran the chosen configuration
-    from pipespec.collect import collect
+    from analysis.collect import collect
 
     (row,) = collect([out])
     assert row["strategy"].startswith(f"auto (stages {list(best.stage_indices)}): {best.strategy}")
@@ -103,7 +103,7 @@ def test_profile_prompts_are_for_auto_alone():
 
 
 def _specs(profile_path):
-    from pipespec.models import StageSpec
+    from pipespec.specs import StageSpec
 
     raw = json.loads(profile_path.read_text())
     return [StageSpec.from_any({"model": s["model"], "name": s["name"]}) for s in raw["stages"]]
@@ -155,7 +155,7 @@ def test_greedy_when_nothing_beats_it_else_the_best(profile_path, tmp_path):
 
 def test_pipeline_auto_resolves_before_starting_and_matches_greedy(profile_path):
     from pipespec.api import Pipeline
-    from pipespec.tiny import random_prompts
+    from experiments.tiny import random_prompts
 
     specs = _specs(profile_path)
     prompt = random_prompts(1, length=8, seed=3)[0]

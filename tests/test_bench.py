@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipespec.api import GenerationResult
-from pipespec.conf import load as load_conf
+from experiments.conf import load as load_conf
 from pipespec.trace import StageTrace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def test_datasets_run_one_bench_each_with_their_own_targets(tmp_path, monkeypatc
 
 def test_prompt_offset_skips_the_first_prompts():
     from experiments.benchlib.config import BenchConfigError, load_prompts
-    from pipespec.tiny import make_tokenizer
+    from experiments.tiny import make_tokenizer
 
     tokenizer = make_tokenizer()
     cfg = {"samples": 5, "max_new_tokens": 8, "dataset": load_conf("dataset", "humaneval")}

@@ -5,7 +5,7 @@ import pytest
 
 from pipespec import schedule
 from pipespec.errors import ConfigError
-from pipespec.models import StageSpec
+from pipespec.specs import StageSpec
 from pipespec.protocol import Role
 
 TINY = {"noise": [0.05]}
@@ -54,7 +54,7 @@ def test_a_cascade_is_identical_to_greedy_and_takes_the_suffix_proposals(tiny):
     from pipespec.api import Pipeline
     from pipespec.decoding import greedy_generate
     from pipespec.models import CausalLMRunner, load_model
-    from pipespec.tiny import random_prompts
+    from experiments.tiny import random_prompts
 
     torch.set_num_threads(1)
     prompts = random_prompts(4, length=10, seed=3)

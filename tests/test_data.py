@@ -1,4 +1,4 @@
-"""Tests of pipespec.data: loaders, prompts, ROUGE and pass@1 (offline, CPU, < 60 s)."""
+"""Tests of experiments.data: loaders, prompts, ROUGE and pass@1 (offline, CPU, < 60 s)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipespec.conf import load as load_conf
-from pipespec.data import (
+from experiments.conf import load as load_conf
+from experiments.data import (
     CodeExecutionWarning,
     DataError,
     DatasetPathError,

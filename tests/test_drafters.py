@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from pipespec.drafters import PromptLookup, SuffixDrafter, build_drafter, tokenize_corpus
+from pipespec.drafters import build_drafter, PromptLookup, SuffixDrafter, tokenize_corpus
 from pipespec.errors import ConfigError
-from pipespec.models import StageSpec
+from pipespec.specs import StageSpec
 
 # ---- the suffix drafter on its own ---------------------------------------------------------------
 
@@ -192,7 +192,7 @@ def greedy_reference(tiny):
 
     from pipespec.decoding import greedy_generate
     from pipespec.models import CausalLMRunner, load_model
-    from pipespec.tiny import random_prompts
+    from experiments.tiny import random_prompts
 
     torch.set_num_threads(1)
     prompts = random_prompts(4, length=10, seed=3)

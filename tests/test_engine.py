@@ -12,9 +12,10 @@ from pipespec.api import Pipeline
 from pipespec.errors import StageError
 from pipespec.decoding import greedy_generate, model_step
 from pipespec.errors import ConfigError
-from pipespec.models import CausalLMRunner, StageSpec, load_model
+from pipespec.models import CausalLMRunner, load_model
+from pipespec.specs import StageSpec
 from experiments.reliability import processes_gone
-from pipespec.tiny import build_tiny_hierarchy, random_prompts, set_eos
+from experiments.tiny import build_tiny_hierarchy, random_prompts, set_eos
 from pipespec.verify import greedy_verify
 
 NOISE = {"low": 0.3, "medium": 0.05, "high": 0.005}  # draft weight noise: agreement low / medium / high
@@ -253,7 +254,7 @@ def test_hanging_stage_is_detected(by_name, prompts, strategy):
 
 
 def test_mismatched_tokenizers_refused_before_start(by_name, tmp_path):
-    from pipespec.tiny import make_tokenizer
+    from experiments.tiny import make_tokenizer
 
     other = build_tiny_hierarchy(tmp_path, [])[0]
     make_tokenizer(300).save_pretrained(other)

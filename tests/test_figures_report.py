@@ -20,7 +20,7 @@ import pytest
 
 from analysis import figures, report, wallclock
 from analysis import import_official as official
-from analysis.results import find_runs, greedy_reference, select_runs
+from analysis.runs import find_runs, greedy_reference, select_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "results_tiny"
@@ -173,7 +173,7 @@ def test_report_rejects_foreign_and_corrupted_directories(tmp_path):
 
 
 def test_analysis_never_imports_torch():
-    code = ("import sys, analysis.fit, analysis.wallclock, analysis.figures, analysis.report, analysis.results, "
+    code = ("import sys, analysis.fit, analysis.wallclock, analysis.figures, analysis.report, analysis.runs, "
             "analysis.simulate, analysis.import_official, analysis.paper_model; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert _run("-c", code).returncode == 0

@@ -1,4 +1,4 @@
-"""Tests of analysis.fit (estimation from traces and logs) and analysis.results (the run reader).
+"""Tests of analysis.fit (estimation from traces and logs) and analysis.runs (the run reader).
 
 Synthetic data with known parameters must be recovered: the truncated-geometric
 MLE finds alpha, least squares finds t(n) = a + b n and the contention factor,
@@ -18,7 +18,7 @@ import pytest
 from analysis import fit
 from analysis import import_official as official
 from analysis import paper_model as pm
-from analysis.results import ResultsError, find_runs, load_run
+from analysis.runs import ResultsError, find_runs, load_run
 from pipespec.trace import StageTrace
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "results_tiny"

@@ -16,11 +16,12 @@ from pipespec.gpu import (
     sample_gpu_figures,
     stage_sampler,
 )
-from pipespec.hierarchies import read_hierarchy, resolve_stages, available
-from pipespec.models import StageSpec, assign_devices, load_kwargs, place_devices
-from pipespec.plan import CUDA_CONTEXT_GIB, GIB, device_budget, format_plan, plan_stages
-from pipespec.results import classify_identity, classify_mismatch, near_tie_threshold
-from pipespec.tiny import build_flat_hierarchy, random_prompts
+from experiments.hierarchies import read_hierarchy, resolve_stages, available
+from pipespec.models import assign_devices, load_kwargs
+from pipespec.specs import place_devices, StageSpec
+from experiments.plan import CUDA_CONTEXT_GIB, GIB, device_budget, format_plan, plan_stages
+from analysis.rundir import classify_identity, classify_mismatch, near_tie_threshold
+from experiments.tiny import build_flat_hierarchy, random_prompts
 from pipespec.trace import StageTrace
 
 NO_GPU = not torch.cuda.is_available()
@@ -116,7 +117,7 @@ def test_plan_counts_kv_cache_and_cuda_context_per_device():
     specs = resolve_stages(read_hierarchy("tiny_k2")["stages"], check_devices=False)
     specs = [StageSpec(**{**s.__dict__, "device": "cuda:0"}) for s in specs]
     rows = plan_stages(specs, context_tokens=256)
-    config = {"layers": 2, "kv_heads": 2, "head_dim": 16}  # pipespec.tiny.tiny_config
+    config = {"layers": 2, "kv_heads": 2, "head_dim": 16}  # experiments.tiny.tiny_config
     kv_per_stage = 2 * config["layers"] * config["kv_heads"] * config["head_dim"] * 4 * 256 / GIB  # K, V in fp32
     assert all(row.kv_gib == pytest.approx(kv_per_stage) for row in rows)
     entry = device_budget(rows)["cuda:0"]
@@ -265,15 +266,16 @@ def test_flat_logits_make_near_ties_and_a_wrong_output_is_unexplained(tmp_path):
 def test_a_run_records_margins_identity_classes_and_gpu_facts(tmp_path):
     import json
 
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from pipespec.runner import run_experiment
+    from experiments.runner import run_experiment
 
-    from pipespec.conf import CONF_DIR as conf
+    from experiments.conf import CONF_MODULE
+
     summaries = {}
     for strategy in ("greedy", "sd"):
-        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
             cfg = compose("config", overrides=[
                 "models=tiny_k2", f"strategy={strategy}", "dataset=news_lee_cnndm", "dataset.n_samples=2",
                 "max_new_tokens=8", "run.start_timeout_s=120", "run.warmup_tokens=0",

@@ -3,7 +3,8 @@
 import pytest
 
 from pipespec.errors import ConfigError
-from pipespec.models import StageSpec, resolved_kernels
+from pipespec.models import resolved_kernels
+from pipespec.specs import StageSpec
 
 
 @pytest.mark.parametrize(
@@ -43,8 +44,8 @@ def test_prepacked_model_decodes_and_verifies_like_the_plain_one(tiny_models):
 
     from pipespec.kernels import PrepackedLinear
     from pipespec.models import CausalLMRunner, load_model
-    from pipespec.profiling import greedy_continuation
-    from pipespec.tiny import random_prompts
+    from experiments.profiling import greedy_continuation
+    from experiments.tiny import random_prompts
 
     torch.set_num_threads(1)
     target = tiny_models([])[-1]
@@ -79,7 +80,7 @@ def test_experiment_variants_are_parsed_and_a_bad_one_is_refused_in_one_line(cap
 def test_a_failing_compiled_variant_is_reported_and_the_others_measured(tiny_models, monkeypatch, one_thread):
     """An error of the compiled model (here: at its first call) fails that variant with a one-line reason."""
     from experiments import kernels
-    from pipespec.tiny import random_prompts
+    from experiments.tiny import random_prompts
 
     def broken(model):
         def forward(*args, **kwargs):

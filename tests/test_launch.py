@@ -11,7 +11,7 @@ import pytest
 
 from pipespec.errors import ConfigError
 from pipespec.launch import LaunchEnv, rank_device, resolve_launch
-from pipespec.results import read_records
+from analysis.rundir import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -23,7 +23,7 @@ import pytest
 import analysis.simulate as sim
 from analysis import paper_model as pm
 from pipespec import schedule
-from pipespec.tiny import random_prompts
+from experiments.tiny import random_prompts
 
 TINY = {"noise": [0.3, 0.05], "eos_token_id": None}  # full-length outputs: no EOS (the simulator has none)
 MAX_NEW = 24

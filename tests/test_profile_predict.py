@@ -100,8 +100,8 @@ def test_background_stages_pause_and_run_as_told():
     until it is told to run again (else the "alone" sweeps would be loaded too)."""
     import time
 
-    from pipespec.hierarchies import load_hierarchy
-    from pipespec.profiling import Background
+    from experiments.hierarchies import load_hierarchy
+    from experiments.profiling import Background
 
     specs = load_hierarchy("tiny_k2")
     with Background(specs, [1, 2, 3, 4]) as background:
@@ -125,7 +125,7 @@ def test_a_background_target_feeds_a_verifications_tokens_and_keeps_one(monkeypa
 
     import torch
 
-    from pipespec import profiling
+    from experiments import profiling
 
     class Runner:  # records what each step fed
         def __init__(self):
@@ -163,8 +163,8 @@ def test_a_background_target_feeds_a_verifications_tokens_and_keeps_one(monkeypa
 def test_one_model_stage_is_timed_alone_half_before_acceptance_and_half_after():
     """Prompt lookup -> one model: no background stage, loaded = alone; the timed sweeps are split around
     the acceptance measurement (a slow spell of the machine then falls on part of them only)."""
-    from pipespec.hierarchies import load_hierarchy
-    from pipespec.profiling import ProfileOptions, measure_profile
+    from experiments.hierarchies import load_hierarchy
+    from experiments.profiling import ProfileOptions, measure_profile
 
     lookup, _, target = load_hierarchy("tiny_pld_k3")
     said: list[str] = []
@@ -188,7 +188,7 @@ def test_acceptance_by_position_sampler():
 
 def test_acceptance_is_sampled_where_decoding_drafts_again():
     """Starts follow the walk: after the accepted prefix and the verifier's own token."""
-    from pipespec.profiling import acceptance_by_position, proposal_runs
+    from experiments.profiling import acceptance_by_position, proposal_runs
 
     truth = list(range(100, 120))
 
@@ -207,8 +207,9 @@ def test_acceptance_is_sampled_where_decoding_drafts_again():
 def test_a_model_drafters_runs_are_its_greedy_drafts_along_the_continuation(tiny_models):
     """model_runs (one-token teacher forcing) gives at each position what greedy drafting from there
     gets right: checked against drafting token by token from every position."""
-    from pipespec.models import CausalLMRunner, StageSpec, load_model
-    from pipespec.profiling import model_runs
+    from pipespec.models import CausalLMRunner, load_model
+    from pipespec.specs import StageSpec
+    from experiments.profiling import model_runs
 
     draft, target = (CausalLMRunner(load_model(StageSpec(model=str(d)))) for d in tiny_models([0.3])[-2:])
     prompt = [5, 6, 7, 8]

@@ -20,8 +20,9 @@ from experiments.reliability import processes_gone
 from pipespec.decoding import greedy_generate
 from pipespec.errors import StageError
 from pipespec.faults import FaultPlan
-from pipespec.models import CausalLMRunner, StageSpec, load_model
-from pipespec.tiny import random_prompts
+from pipespec.models import CausalLMRunner, load_model
+from pipespec.specs import StageSpec
+from experiments.tiny import random_prompts
 
 STALL_S = 3  # stall_timeout_s of every pipeline here
 ERROR_WITHIN_S = 10  # the bound every fault is held to

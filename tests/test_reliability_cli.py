@@ -50,8 +50,8 @@ def run_cli(module, *args, timeout=180):
 @pytest.fixture(scope="module")
 def bad_runs(tmp_path_factory):
     """Every bad run at once (three at a time): (result, run directory) per case."""
-    from pipespec.hierarchies import tiny_model_dir
-    from pipespec.tiny import build_tiny_hierarchy
+    from experiments.hierarchies import tiny_model_dir
+    from experiments.tiny import build_tiny_hierarchy
 
     tiny_model_dir("target")  # build the tiny cache before several processes want it
     tmp = tmp_path_factory.mktemp("bad")

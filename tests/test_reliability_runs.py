@@ -14,21 +14,21 @@ from pathlib import Path
 
 import psutil
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from pipespec.api import Pipeline
-from pipespec.conf import CONF_DIR
+from experiments.conf import CONF_MODULE
 from pipespec.errors import StageError
 from pipespec.faults import FaultPlan
 from experiments.reliability import processes_gone
-from pipespec.results import RECORD_KEYS, read_records, read_summary, read_trace
+from analysis.rundir import RECORD_KEYS, read_records, read_summary, read_trace
 
 SEED = 9
 
 
 def composed(*overrides) -> dict:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
 
@@ -60,7 +60,7 @@ def test_a_stage_fault_mid_run_leaves_valid_results_and_resume_completes(tmp_pat
         "dataset.n_samples=3", "max_new_tokens=12", "run.progress=false", "run.stall_timeout_s=3",
         "run.warmup_tokens=0", "run.gpu_monitor=false",
     )  # fmt: skip
-    from pipespec.runner import run_experiment
+    from experiments.runner import run_experiment
 
     rng = random.Random(SEED)
     fault = {"stage": rng.randrange(2), "at_token": rng.randint(1, 8), "action": rng.choice(["raise", "kill"])}
@@ -114,7 +114,7 @@ PROBLEM = {"task_id": "Probe/0", "prompt": "def f(x):\n", "entry_point": "f",
 
 
 def check(completion, **limits):
-    from pipespec.data.quality import check_completion
+    from experiments.data.quality import check_completion
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -124,7 +124,7 @@ def check(completion, **limits):
 
 
 def test_code_execution_stays_opt_in():
-    from pipespec.data.quality import check_completion
+    from experiments.data.quality import check_completion
 
     with pytest.raises(PermissionError, match="allow_code_execution"):
         check_completion(PROBLEM, "    return x\n")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
-from pipespec.conf import CONF_DIR
-from pipespec.results import (
+from experiments.conf import CONF_MODULE, options
+from analysis.rundir import (
     RunStore,
     ResultsError,
     find_greedy_reference,
@@ -23,8 +23,7 @@ from pipespec.results import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-CONF = CONF_DIR
-EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+EXPERIMENTS = options("experiment")
 SUMMARY_FIELDS = (
     "strategy", "models", "dataset", "n_samples", "new_tokens", "total_time_s", "ms_per_token",
     "tokens_per_s", "stages", "identical_to_greedy", "speedup_vs_greedy",
@@ -62,7 +61,7 @@ def sweep_overrides(cfg) -> list[list[str]]:
 def test_every_experiment_composes_and_plans(experiment, capsys):
     from experiments.run import plan
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
         base = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
         jobs = sweep_overrides(base)
         assert jobs, f"{experiment} defines no sweep"
@@ -232,7 +231,7 @@ def write_run(directory, strategy, max_new_tokens=8, records=()):
     })  # fmt: skip
     for r in records:
         store.append(r, {"stages": []})
-    from pipespec.results import read_config, summarize_run
+    from analysis.rundir import read_config, summarize_run
 
     store.write_summary(summarize_run(read_config(directory), store.records, True))
     return directory
@@ -290,9 +289,9 @@ def test_an_unknown_config_key_is_refused_by_hydra(tmp_path):
 
 
 def test_per_sample_quality_rouge_and_opt_in_pass_at_1():
-    from pipespec.data import load_dataset
-    from pipespec.data.loaders import Sample
-    from pipespec.runner import quality_of
+    from experiments.data import load_dataset
+    from experiments.data.loaders import Sample
+    from experiments.runner import quality_of
 
     problem = load_dataset({"name": "humaneval", "loader": "humaneval", "ids": ["HumanEval/2"]}).samples[0]
     assert quality_of(problem, problem.reference, "code", "base", execute_code=False) is None  # opt-in only

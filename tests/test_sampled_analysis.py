@@ -8,7 +8,7 @@ What is verified
   alpha_true, the mean over the generated positions t of the exact per-draft acceptance
   probability of the pair at the context prompt + output[:t].
 - End to end: a sampled multirun of the Hydra runner (a sampled greedy-strategy reference and a
-  sampled pipespec run) records its sampling options, `analysis.results` reads it, `measure_run`
+  sampled pipespec run) records its sampling options, `analysis.runs` reads it, `measure_run`
   gives a finite alpha for the target pair that agrees with the run's own counts, and
   `analysis.report`, `experiments.collect` and `analysis.wallclock` exit 0 and show the acceptance,
   without a token-by-token "identical to greedy" count (meaningless when sampling).
@@ -49,9 +49,10 @@ import pytest
 import torch
 
 from analysis.fit import measure_run, measure_traces
-from analysis.results import load_run
-from pipespec.models import StageSpec, load_model
-from pipespec.results import find_run_dirs, read_config, read_records, read_summary
+from analysis.runs import load_run
+from pipespec.models import load_model
+from pipespec.specs import StageSpec
+from analysis.rundir import find_run_dirs, read_config, read_records, read_summary
 from pipespec.stats import StageStats
 from pipespec.verify import Sampling, sampling_probs
 

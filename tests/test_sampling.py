@@ -30,7 +30,8 @@ from pipespec.faults import FaultPlan
 from pipespec.api import Pipeline
 from pipespec.decoding import greedy_generate
 from pipespec.errors import ConfigError
-from pipespec.models import CausalLMRunner, StageSpec, load_model
+from pipespec.models import CausalLMRunner, load_model
+from pipespec.specs import StageSpec
 from pipespec.schedule import roles
 from pipespec.protocol import Job
 from pipespec.stage import StageRequest

@@ -3,11 +3,11 @@
 import pytest
 
 from pipespec.api import Pipeline
-from pipespec.data import load_dataset
+from experiments.data import load_dataset
 from pipespec.decoding import greedy_generate
-from pipespec.hierarchies import load_hierarchy
+from experiments.hierarchies import load_hierarchy
 from pipespec.models import CausalLMRunner, load_model
-from pipespec.prepare import is_prepared, prepare_smollm2
+from experiments.prepare import is_prepared, prepare_smollm2
 
 MAX_NEW = 48
 pytestmark = pytest.mark.slow  # real models: `-m "not slow"` skips them; scripts/test.sh runs everything

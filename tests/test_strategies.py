@@ -13,7 +13,7 @@ import pytest
 
 import pipespec.api
 from pipespec import schedule
-from pipespec.tiny import random_prompts
+from experiments.tiny import random_prompts
 
 TINY = {"noise": [0.3, 0.05], "eos_token_id": None}  # drafter, middle, target; full-length outputs
 MAX_NEW = 32

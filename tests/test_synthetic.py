@@ -14,8 +14,9 @@ import pytest
 from pipespec.api import Pipeline
 from pipespec.decoding import greedy_generate
 from pipespec.errors import ConfigError
-from pipespec.models import CausalLMRunner, StageSpec, load_model
-from pipespec.tiny import random_prompts
+from pipespec.models import CausalLMRunner, load_model
+from pipespec.specs import StageSpec
+from experiments.tiny import random_prompts
 
 MAX_NEW = 64
 # pipespec verifiers wait for 2 drafts (lookahead 2): these tiny stages all step equally fast, so with

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipespec import ConfigError, Pipeline
-from pipespec.hierarchies import resolve_stages
+from experiments.hierarchies import resolve_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_K3 = resolve_stages([{"model": f"tiny:{name}"} for name in ("draft_noise0.3", "draft_noise0.05", "target")])
@@ -80,7 +80,7 @@ def test_a_prompt_that_is_neither_text_nor_ids_gets_a_config_error_naming_its_ty
 
 UNGUARDED = """
 from pipespec import Pipeline
-from pipespec.hierarchies import resolve_stages
+from experiments.hierarchies import resolve_stages
 
 pipe = Pipeline(resolve_stages([{"model": "tiny:draft_noise0.05"}, {"model": "tiny:target"}]), strategy="sd")
 print(pipe.generate([5, 6, 7], 4).tokens)

@@ -59,7 +59,7 @@ def test_bad_value_stop_is_refused(bad):
 
 
 def test_auto_and_predict_refuse_it():
-    from pipespec.autoconf import check_auto_options
+    from experiments.auto import check_auto_options
 
     with pytest.raises(ConfigError, match="strategy auto cannot honour value_stop"):
         check_auto_options(0.0, 0.1)
@@ -73,8 +73,9 @@ def test_a_value_stopping_pipeline_is_identical_to_greedy_and_drafts_less(tiny, 
 
     from pipespec.api import Pipeline
     from pipespec.decoding import greedy_generate
-    from pipespec.models import CausalLMRunner, StageSpec, load_model
-    from pipespec.tiny import random_prompts
+    from pipespec.models import CausalLMRunner, load_model
+    from pipespec.specs import StageSpec
+    from experiments.tiny import random_prompts
 
     torch.set_num_threads(1)
     prompts = random_prompts(3, length=10, seed=5)

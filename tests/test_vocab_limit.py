@@ -4,7 +4,7 @@ logits -inf above the limit, the full model's below; lossless in a pipeline; ref
 import pytest
 
 from pipespec.errors import ConfigError
-from pipespec.models import StageSpec
+from pipespec.specs import StageSpec
 
 TINY = {"noise": [0.05]}
 LIMIT = 128  # of the tiny vocabulary's 256 ids
@@ -50,7 +50,7 @@ def test_a_tied_head_leaves_the_input_embedding_whole(tmp_path, one_thread):
     from transformers import LlamaForCausalLM
 
     from pipespec.models import load_model
-    from pipespec.tiny import tiny_config
+    from experiments.tiny import tiny_config
 
     config = tiny_config()
     config.tie_word_embeddings = True
@@ -75,7 +75,7 @@ def test_a_limited_drafter_keeps_sd_and_pipespec_identical_to_greedy(tiny):
     from pipespec.api import Pipeline
     from pipespec.decoding import greedy_generate
     from pipespec.models import CausalLMRunner, load_model
-    from pipespec.tiny import random_prompts
+    from experiments.tiny import random_prompts
 
     torch.set_num_threads(1)
     prompts = random_prompts(3, length=10, seed=5)
@@ -111,7 +111,7 @@ def test_a_model_free_stage_has_no_vocab_limit(kind):
 
 def test_the_target_may_not_have_a_vocab_limit(tiny):
     from pipespec.api import Pipeline
-    from pipespec.hierarchies import resolve_stages
+    from experiments.hierarchies import resolve_stages
 
     stages = [tiny[0], {"model": tiny[-1], "vocab_limit": LIMIT, "name": "target"}]
     with pytest.raises(ConfigError, match="'vocab_limit' is for drafters only: the last stage 'target'"):
@@ -134,7 +134,7 @@ def test_a_limit_above_the_vocabulary_is_refused_naming_the_stage(tiny):
 
 
 def test_the_named_hierarchies_limit_the_int8_drafter_only():
-    from pipespec.hierarchies import read_hierarchy
+    from experiments.hierarchies import read_hierarchy
 
     for name, drafter in (("smollm2_int8v16k_fp32", 0), ("smollm2_suffix_int8v16k_fp32", 1)):
         stages = [StageSpec.from_any(s, check_devices=False) for s in read_hierarchy(name)["stages"]]

@@ -20,7 +20,7 @@ import pytest
 from analysis import fit, wallclock
 from analysis import import_official as official
 from analysis import simulate as sim
-from analysis.results import find_runs
+from analysis.runs import find_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "results_tiny"

@@ -1,13 +1,13 @@
-"""The bench's options: checks of the composed `pipespec/conf/bench.yaml`, its hierarchies and prompts."""
+"""The bench's options: checks of the composed `conf/bench.yaml`, its hierarchies and prompts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from pipespec.conf import options
+from experiments.conf import options
 from pipespec.errors import ConfigError
-from pipespec.models import KERNELS
+from pipespec.specs import KERNELS
 from pipespec.schedule import check_options
 
 HF_SYSTEMS = ("hf_greedy", "hf_assisted", "hf_prompt_lookup")
@@ -130,7 +130,7 @@ def check_system_options(cfg: Mapping, systems: Sequence[str]) -> dict[str, dict
 
 def check_datasets(cfg: Mapping) -> list[str]:
     """`datasets`: the datasets one invocation covers (null: the composed `dataset` alone)."""
-    from pipespec.conf import options as group_options
+    from experiments.conf import options as group_options
 
     names = cfg.get("datasets")
     if names is None or cfg.get("random_prompt_length"):
@@ -222,7 +222,7 @@ class Hierarchy:
 
 def resolve_hierarchy(key: str, node: Mapping[str, Any]) -> Hierarchy:
     """A composed `models` node (name, family, stages) as resolved stage specs."""
-    from pipespec.hierarchies import resolve_stages
+    from experiments.hierarchies import resolve_stages
 
     try:
         specs = resolve_stages(node.get("stages") or [])
@@ -238,10 +238,10 @@ def load_prompts(cfg: Mapping, tokenizer, context_length: int | None, family: st
     `random_prompt_length` is set."""
     n, max_new, offset = cfg["samples"], cfg["max_new_tokens"], cfg.get("prompt_offset") or 0
     if cfg.get("random_prompt_length"):
-        from pipespec.tiny import random_prompts
+        from experiments.tiny import random_prompts
 
         return random_prompts(n, length=cfg["random_prompt_length"], seed=0, vocab_size=len(tokenizer))
-    from pipespec.data import build_prompt_ids, load_dataset
+    from experiments.data import build_prompt_ids, load_dataset
 
     data_cfg = dict(cfg["dataset"], n_samples=None)  # all (in the dataset's order), then the slice
     dataset = load_dataset(data_cfg)

@@ -32,7 +32,8 @@ from typing import Any, Mapping, Sequence
 
 from pipespec.decoding import final_output
 from pipespec.errors import ConfigError
-from pipespec.models import StageSpec, eos_token_ids, load_model
+from pipespec.models import eos_token_ids, load_model
+from pipespec.specs import StageSpec
 from pipespec.stats import StageStats
 
 MODES = ("greedy", "assisted", "prompt_lookup")

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from analysis.fit import fit_step_cost
 from experiments.benchlib.config import FIXED_SYSTEMS, is_sd, is_speculative
 from pipespec.models import resolved_kernels
-from pipespec.runner import cpu_info
+from experiments.machine import cpu_info
 from pipespec.stats import StageStats, pool
 
 

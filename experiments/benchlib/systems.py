@@ -6,7 +6,7 @@
 - `greedy`, `sd` (at the window the pre-pass chose), `pipespec_k2`: our pipeline of k2
 - `pipespec_k3`: our pipeline of k3
 - `auto`: our pipeline of `auto.hierarchy` (k3 by default) at the configuration its machine
-  profile predicts fastest (`pipespec.autoconf`; greedy and subsets of the stages included);
+  profile predicts fastest (`experiments.auto`; greedy and subsets of the stages included);
   `auto.profile` null: the cached short profile of this machine, measured first if there is none
 """
 
@@ -84,7 +84,7 @@ def resolve_setup(cfg: Mapping[str, Any]) -> Setup:
         raise BenchConfigError("hf_prompt_lookup needs a prompt_lookup stage in k3 (or k2)")
     more = {}
     for name in dict.fromkeys(where[1] for where in map(per_hierarchy, wanted) if where is not None):
-        from pipespec.hierarchies import read_hierarchy
+        from experiments.hierarchies import read_hierarchy
 
         try:
             more[name] = resolve_hierarchy(name, read_hierarchy(name))
@@ -103,6 +103,7 @@ class Systems:
 
     def __init__(self, cfg: Mapping[str, Any], setup: Setup, profile_prompts: list | None = None):
         from experiments.benchlib.hf import HFBaseline
+        from experiments.auto import AutoPipeline
         from pipespec.api import Pipeline
 
         self.cfg, self.setup, self.wanted = cfg, setup, list(cfg["systems"])
@@ -131,9 +132,9 @@ class Systems:
                     self.pipes[name] = Pipeline(setup.hierarchy_of(name).stages, **options, cascade=cascade)
             if "auto" in self.wanted:
                 self.auto_hierarchy = setup.k3 if cfg["auto"]["hierarchy"] == "k3" else setup.k2
-                self.pipes["auto"] = Pipeline(self.auto_hierarchy.stages, strategy="auto",
-                                              profile=cfg["auto"].get("profile"), profile_prompts=profile_prompts,
-                                              stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
+                self.pipes["auto"] = AutoPipeline(self.auto_hierarchy.stages, profile=cfg["auto"].get("profile"),
+                                                  profile_prompts=profile_prompts,
+                                                  stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
             for pipe in self.pipes.values():
                 pipe.start()
             if set(HF_SYSTEMS) & set(self.wanted):

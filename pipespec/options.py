@@ -1,0 +1,93 @@
+"""The options of one `generate` call, validated once.
+
+A `Pipeline` holds one `CallOptions`, its defaults, checked when the pipeline is made; each call
+merges its own options over them (`CallOptions.merged`: an option left None keeps the default)
+and `CallOptions.plan` turns the result into what the stages run: one `Role` per stage, the
+sampling and the acceptance rule. Every bad value is a `ConfigError` naming the option, raised
+before any message reaches a stage.
+"""
+
+from __future__ import annotations
+
+import numbers
+import secrets
+from dataclasses import dataclass, fields, replace
+from typing import Any, Sequence
+
+from pipespec.errors import ConfigError
+from pipespec.protocol import Role
+from pipespec.schedule import DEFAULT_MAX_LEAD, check_cascade, check_options, roles
+from pipespec.specs import MODEL_FREE_KINDS
+from pipespec.verify import Acceptance, Sampling, check_acceptance, check_sampling
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What one call runs: a role per stage (smallest first), its sampling (a concrete seed) and acceptance."""
+
+    roles: list[Role]
+    sampling: Sampling
+    acceptance: Acceptance
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Strategy, schedule, sampling and acceptance of a call (`pipespec.schedule`, `pipespec.verify`)."""
+
+    strategy: str = "pipespec"
+    lookahead: int = 0
+    max_lead: int = DEFAULT_MAX_LEAD
+    draft_confidence: float = 0.0
+    size_verification: bool = False
+    cascade: bool = False  # the pipeline's default applies to pipespec calls only
+    value_stop: float = 0.0
+    timeout_s: float | None = None  # the whole call, its wait for a turn included (None: no limit)
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None  # None: a fresh seed per call, recorded in the result
+    acceptance: str = "exact"
+    synthetic_rates: float | Sequence[float] | None = None
+    forget_outputs: bool = False  # a suffix stage first drops the earlier outputs it indexed
+    faults: Any = None  # tests only: a `pipespec.faults.FaultPlan` the named stage acts on
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def merged(self, **overrides) -> "CallOptions":
+        """These defaults with a call's options on top (None keeps the default); unknown names refused."""
+        unknown = sorted(set(overrides) - set(self.names()))
+        if unknown:
+            raise ConfigError(f"unknown generate option(s) {unknown}; expected some of {self.names()}")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "cascade" not in given and self.cascade and given.get("strategy", self.strategy) != "pipespec":
+            given["cascade"] = False  # a pipeline's cascade default is for its pipespec calls
+        return replace(self, **given)
+
+    def plan(self, stage_kinds: Sequence[str], stage_labels: Sequence[str] | None = None) -> CallPlan:
+        """Check every option against the stages (their kinds, smallest first) and return what they run."""
+        n = len(stage_kinds)
+        check_timeout("timeout_s", self.timeout_s, optional=True)
+        if not isinstance(self.forget_outputs, bool):
+            raise ConfigError(f"forget_outputs must be true or false, got {self.forget_outputs!r}")
+        check_options(self.strategy, n, self.lookahead, self.max_lead, self.draft_confidence, self.value_stop)
+        check_cascade(self.strategy, n, self.cascade)
+        if self.cascade and stage_kinds[0] not in MODEL_FREE_KINDS:
+            first = stage_labels[0] if stage_labels else stage_kinds[0]
+            raise ConfigError(f"cascade needs a model-free first stage ({' or '.join(MODEL_FREE_KINDS)}), got {first}")
+        stage_roles = roles(self.strategy, n, self.lookahead, self.max_lead, self.draft_confidence,
+                            self.size_verification, self.cascade, self.value_stop)  # fmt: skip
+        seed = secrets.randbits(63) if self.seed is None else self.seed  # recorded: the call can be replayed
+        sampling = check_sampling(self.temperature, self.top_k, self.top_p, seed)
+        acceptance = check_acceptance(self.acceptance, self.synthetic_rates, n, sampling)
+        return CallPlan(stage_roles, sampling, acceptance)
+
+
+def check_timeout(name: str, value, optional: bool = False) -> None:
+    """A wait's limit: a number of seconds > 0 (or None where `optional`)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        allowed = "a number of seconds > 0" + (" or None (no limit)" if optional else "")
+        raise ConfigError(f"{name} must be {allowed}, got {value!r}")
