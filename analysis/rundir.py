@@ -415,11 +415,10 @@ def pick_reference(run_dir: Path, config: Mapping[str, Any], candidates: Iterabl
     """The one greedy-reference rule: among `candidates` ((directory, config) pairs), a lossless greedy run
     with this run's `target_key` (target model, dataset, budget, decoding), the one in the same folder (the
     same sweep) first, then one of the same hierarchy; None if there is none. Returns the (directory,
-    config) pair chosen."""
+    config) pair chosen; a greedy run among them is its own reference."""
     run_dir = Path(run_dir)
     key, hierarchy = target_key(config), config["models"].get("name")
-    matching = [(d, c) for d, c in candidates
-                if Path(d) != run_dir and is_greedy_reference(c) and target_key(c) == key]  # fmt: skip
+    matching = [(d, c) for d, c in candidates if is_greedy_reference(c) and target_key(c) == key]
     matching.sort(key=lambda pair: (Path(pair[0]).parent != run_dir.parent, pair[1]["models"].get("name") != hierarchy))
     return matching[0] if matching else None
 

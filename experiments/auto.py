@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from pipespec.api import Pipeline
 from pipespec.errors import ConfigError
+from experiments.machine import stage_identity
 from pipespec.specs import StageSpec
 
 RUNNERS_UP = 4  # candidates recorded beside the choice

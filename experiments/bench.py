@@ -1,4 +1,4 @@
-"""HF `generate` vs pipespec on the same models, prompts and machine, in one invocation (issue 7).
+"""HF `generate` vs pipespec on the same models, prompts and machine, in one invocation.
 
     python -m experiments.bench                           # conf/bench.yaml: HumanEval, then news_lee
     python -m experiments.bench dataset=humaneval         # one dataset (any dataset override means one)

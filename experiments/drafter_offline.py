@@ -1,4 +1,4 @@
-"""Offline comparison of the model-free drafters on recorded greedy outputs (issue 15, part 1).
+"""Offline comparison of the model-free drafters on recorded greedy outputs.
 
     python -m experiments.drafter_offline                 # record (cached) then simulate
     python -m experiments.drafter_offline --record-only   # only record the greedy outputs
@@ -286,7 +286,7 @@ def fmt(value, spec: str = ".2f") -> str:
 def markdown(report: dict[str, Any]) -> str:
     costs = report["step_costs_ms"]
     lines = [
-        "# Model-free drafters, offline (issue 15, part 1)",
+        "# Model-free drafters, offline",
         "",
         f"Greedy outputs of {report['model']}, chat prompts, {report['max_new_tokens']} new tokens, replayed "
         "position by position with the drafter verified synchronously by the target (`python -m "

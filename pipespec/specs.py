@@ -24,7 +24,6 @@ KERNELS_ENV = "PIPESPEC_KERNELS"  # "torch": "auto" means torch's kernels (pipes
 
 
 @dataclass
-@dataclass
 class StageSpec:
     """What one stage runs. `model` is a hub id or a local directory (kind "hf")."""
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU sweep behind results/cpu_sweep/ and the analysis figures (issue 6):
+# The CPU sweep behind results/cpu_sweep/ and the analysis figures:
 # strategies x lookahead x depth on the default CPU hierarchies, HumanEval.
 # Usage: bash scripts/cpu_sweep.sh [OUT_DIR] [N_SAMPLES] [MAX_NEW_TOKENS]
 set -euo pipefail

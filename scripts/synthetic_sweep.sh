@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Controlled acceptance (issue 6): real models, real processes, real timing, but each verifier
+# Controlled acceptance: real models, real processes, real timing, but each verifier
 # keeps a draft by a seeded coin with the given rate (NOT lossless: benchmarking only), so the
 # models are checked across alpha = 0.1 .. 0.95 instead of at the one alpha a pair happens to have.
 # Usage: bash scripts/synthetic_sweep.sh [OUT_DIR] [N_SAMPLES] [MAX_NEW_TOKENS]

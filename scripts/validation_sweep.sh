@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Held-out validation of the profile-based prediction (issue 14, item 4), into results/validation/:
+# Held-out validation of the profile-based prediction, into results/validation/:
 #  1. per hierarchy and dataset, a machine profile on the first 10 prompts (HumanEval/0-9, news_lee
 #     lee_background-000..009): python -m experiments.profile;
 #  2. runs on other prompts (HumanEval/10-17, lee_background-010..017: 8 per run, 96 new tokens) of

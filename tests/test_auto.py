@@ -1,5 +1,5 @@
-"""strategy="auto" (experiments.auto): the configuration a machine profile predicts fastest, greedy
-included, in the runner and the API; the short profile measured and cached when there is none; a profile
+"""auto (experiments.auto: `AutoPipeline`, the runner's strategy=auto, the bench's auto system): the
+configuration a machine profile predicts fastest, greedy included, in the runner and the API; the short profile measured and cached when there is none; a profile
 from elsewhere refused under auto. One short tiny_k2 profile is measured for the module (by the runner)."""
 
 import json
@@ -96,8 +96,12 @@ def test_the_cached_short_profile_is_per_dataset(cache, profile_path, tmp_path):
 def test_profile_prompts_are_for_auto_alone():
     from pipespec.api import Pipeline
 
-    with pytest.raises(ConfigError, match="profile and profile_prompts are only read by strategy='auto'"):
+    with pytest.raises(TypeError, match="profile_prompts"):  # the engine's Pipeline has no profile options
         Pipeline(["tiny:draft", "tiny:target"], strategy="pipespec", profile_prompts=["def f():"])
+    with pytest.raises(ConfigError, match="experiments.auto.AutoPipeline"):
+        Pipeline(["tiny:draft", "tiny:target"], strategy="auto")
+    with pytest.raises(ConfigError, match="AutoPipeline chooses strategy, lookahead, max_lead itself"):
+        autoconf.AutoPipeline(["tiny:draft", "tiny:target"], strategy="sd", profile="profile.json")
     with pytest.raises(ConfigError, match="a profile or profile_prompts to measure one on, not both"):
         autoconf.choose_for_pipeline([], "profile.json", profile_prompts=["def f():"])
 
@@ -159,13 +163,13 @@ def test_pipeline_auto_resolves_before_starting_and_matches_greedy(profile_path)
 
     specs = _specs(profile_path)
     prompt = random_prompts(1, length=8, seed=3)[0]
-    with Pipeline(specs, strategy="auto", profile=str(profile_path)) as pipe:
+    with autoconf.AutoPipeline(specs, profile=str(profile_path)) as pipe:
         assert pipe.auto is not None and pipe.strategy == pipe.auto.strategy
         assert len(pipe.specs) == len(pipe.auto.stages)
         tokens = pipe.generate(prompt, 12).tokens
     with Pipeline(specs[-1:], strategy="greedy") as reference:
         assert tokens == reference.generate(prompt, 12).tokens
-    with pytest.raises(ConfigError, match="only read by strategy='auto'"):
+    with pytest.raises(TypeError, match="profile"):  # a profile is read by AutoPipeline only
         Pipeline(specs, strategy="sd", profile=str(profile_path))
 
 

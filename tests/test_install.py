@@ -100,18 +100,18 @@ def test_editable_install_composes_every_config_from_the_top_level_conf(tmp_path
     """`pip install -e` maps the package pipespec_conf to the checkout's conf/: edits there are seen."""
     source = copy_sources(tmp_path / "source")
     venv = tmp_path / "venv"
-    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
     python = venv / "bin" / "python"
     site = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    # .venv's packages (its own interpreter is a venv too: --system-site-packages alone would not reach them)
+    # .venv's packages (setuptools, the dependencies) seen from the new environment
     (Path(subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
                          text=True, check=True).stdout.strip()) / "dotvenv.pth").write_text(site + "\n")  # fmt: skip
     done = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "--quiet", "-e",
-         str(source)],
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-build-isolation",
+         "--no-index", "--quiet", "-e", str(source)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

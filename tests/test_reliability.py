@@ -1,4 +1,4 @@
-"""Reliability of the pipeline under injected faults (issue 9).
+"""Reliability of the pipeline under injected faults.
 
 A stage that raises, exits or is killed at a seeded random point of a generation, a stage
 that stops responding and a control message that is lost all end the call with a

@@ -1,4 +1,4 @@
-"""Bad input through the command line (issue 9): one `error: ` line naming the option and what is
+"""Bad input through the command line: one `error: ` line naming the option and what is
 expected, exit code 2, no traceback, no results written.
 
 tests/test_runner.py covers max_new_tokens <= 0, negative lookahead, an unknown family, a hub

@@ -1,4 +1,4 @@
-"""Reliability of runs and their results (issue 9): a stage fault in the middle of a run, a
+"""Reliability of runs and their results: a stage fault in the middle of a run, a
 multirun killed at several points and resumed, and HumanEval checks that misbehave.
 
 tests/test_runner.py kills one single run once; here a whole multirun is killed inside a

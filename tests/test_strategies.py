@@ -11,7 +11,7 @@ to pipespec: the driver sends the roles with every request), where it must fail.
 
 import pytest
 
-import pipespec.api
+import pipespec.options
 from pipespec import schedule
 from experiments.tiny import random_prompts
 
@@ -85,7 +85,7 @@ def broken_roles(monkeypatch):
     def use(strategy, instead):
         real = schedule.roles
         monkeypatch.setattr(
-            pipespec.api, "roles", lambda name, *args: real(instead if name == strategy else name, *args)
+            pipespec.options, "roles", lambda name, *args: real(instead if name == strategy else name, *args)
         )
 
     return use

@@ -260,7 +260,7 @@ def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=No
                else " (fixed: transformers adapts it only when scikit-learn is installed, and it is not).")
         )
     if cfg["repetitions"] < 3:
-        notes.append(f"only {cfg['repetitions']} repetition(s): min-max spread is not meaningful (issue asks >= 3).")
+        notes.append(f"only {cfg['repetitions']} repetition(s): min-max spread is not meaningful (3 or more give one).")
     report = {
         "config": {k: v for k, v in cfg.items() if k != "hydra"},
         "machine": {
