@@ -49,8 +49,12 @@ Strategies
   forwards the rollback further upstream. Each hop takes ``rollback_delay``
   seconds (0: immediate, the whole cascade at once).
 
+Both schedules run the engine's own rules, each stage a ``SimulatedStage``: the next action,
+the view it is decided from and when a stage commits upstream (``pipespec.schedule``), the drafts
+a verifier is offered and how a stage follows a commit (``pipespec.buffers``).
+
 Optional, for machines where stages share CPU cores and drafters that may
-have nothing to propose (``analysis.wallclock`` uses both): ``contention``
+have nothing to propose (``analysis.evaluate`` uses both): ``contention``
 slows a stage's step while others compute (processor sharing), and
 ``supply`` marks the first stage as model-free (prompt lookup, suffix): like
 the engine's PROPOSE it puts a whole run of drafts (up to its lead limit) in
@@ -73,10 +77,12 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from analysis.import_official import estimate_alpha
+from analysis.fit import estimate_alpha
+from pipespec import buffers
 from pipespec.protocol import Role
 from pipespec.schedule import (
-    DEFAULT_MAX_LEAD, FINISH, IDLE, PROPOSE, STEP, TAKE, Action, StageView, next_action, roles, step_cost,
+    DEFAULT_MAX_LEAD, FINISH, IDLE, PROPOSE, STEP, TAKE, Action, StageView, commits_after_step, next_action, roles,
+    stage_view, step_cost,
 )  # fmt: skip
 
 __all__ = [
@@ -407,20 +413,6 @@ class _Tokens:
             token = self.parent[token]
         return missing[::-1]
 
-    def rebase(self, buffer: list[int], last: int) -> int | None:
-        """Make ``buffer`` extend the sequence ending in ``last``; return the first changed position.
-
-        None if ``buffer`` already extends it. Otherwise the tokens after the
-        common prefix are replaced by that sequence (in place).
-        """
-        missing = self.diverging(buffer, last)
-        if not missing:
-            return None
-        start = self.position[missing[0]]
-        del buffer[start:]
-        buffer.extend(missing)
-        return start
-
     def agree_through(self, a: list[int], b: list[int], length: int) -> bool:
         """True if buffers ``a`` and ``b`` agree on their first ``length`` tokens."""
         return length == 0 or (len(a) >= length and len(b) >= length and self.same(a[length - 1], b[length - 1]))
@@ -450,83 +442,7 @@ def simulate_autoregressive(cost: StageCost | float, max_new_tokens: int) -> Sim
     )
 
 
-# --------------------------------------------------------------------------- shared per-stage state
-
-
-class _Stage:
-    """Mutable state of one stage during a simulation."""
-
-    def __init__(self) -> None:
-        self.buffer: list[int] = []  # O_i: the tokens this stage currently believes
-        self.cached = 0  # tokens of buffer in the KV cache
-        self.pending: int | None = None  # the latest commit that arrived during the step in flight
-        self.busy = False
-        self.busy_time = 0.0
-        self.steps = 0
-        self.discarded = 0
-        self.verifications = 0
-        self.accepted: list[int] = []  # accepted count (+ own token) per verification
-        self.offered: list[int] = []
-        self.rejections = 0
-        # the step in flight
-        self.step_start = 0.0
-        self.step_end = 0.0
-        self.step_drafts: list[int] = []
-        self.step_proposal = 1  # tokens the first stage's step appends (a model-free proposal: several)
-        self.kinds: list[int] = []  # drafts offered per applied step of a verifier (0: a single step)
-
-
-def _result(strategy: str, stages: list[_Stage], total_time: float, max_new_tokens: int) -> SimResult:
-    verifiers = stages[1:]
-    return SimResult(
-        strategy=strategy,
-        total_time=total_time,
-        tokens_generated=max_new_tokens,
-        committed_tokens=len(stages[-1].buffer),
-        steps=tuple(s.steps for s in stages),
-        discarded_steps=tuple(s.discarded for s in stages),
-        busy_fraction=tuple(min(s.busy_time / total_time, 1.0) for s in stages),
-        verify_fraction=tuple(
-            s.verifications / (s.steps - s.discarded) if s.steps > s.discarded else math.nan for s in verifiers
-        ),
-        accepted_per_verify=tuple(_mean(s.accepted) for s in verifiers),
-        offered_per_verify=tuple(_mean(s.offered) for s in verifiers),
-        rejections=tuple(s.rejections for s in verifiers),
-        accepted_counts=tuple(tuple(s.accepted) for s in verifiers),
-        offered_counts=tuple(tuple(s.offered) for s in verifiers),
-        step_offers=tuple(tuple(s.kinds) for s in verifiers),
-    )
-
-
 # --------------------------------------------------------------------------- the one schedule
-
-
-def stage_view(
-    role: Role,
-    generated: int,
-    downstream_committed: int,
-    drafts: int,
-    upstream_more: bool,
-    budget: int,
-    model_free: bool = False,
-    step_costs: tuple[float, ...] = (),
-    acceptance: tuple[float, ...] = (),
-) -> StageView:
-    """What a simulated stage knows, in the engine's terms (``pipespec.stage.StageRequest.view``):
-    its buffer length, the length of the next stage's last commit it has received, the usable drafts
-    of its drafter and whether that drafter will produce more without hearing back. There is no EOS
-    and no confidence model here: a drafter is never finished and its lead is always confident."""
-    return StageView(
-        generated=generated,
-        budget=budget,
-        lead=generated - downstream_committed,
-        finished=role.is_target and generated >= budget,
-        drafts=drafts,
-        upstream_more=role.has_upstream and upstream_more,
-        model_free=model_free,
-        step_costs=step_costs,
-        acceptance=acceptance,
-    )
 
 
 @dataclass(frozen=True)
@@ -580,10 +496,10 @@ def simulate_sync_sd(
     ``end_at_budget``: see ``simulate_pipespec``.
     """
     gamma = _check_int(gamma, "gamma", 0)
-    return _simulate_schedule(
+    return Simulation(
         "sd", costs, acceptances, max_new_tokens, lookahead=gamma, max_lead=max(gamma, 1), seed=seed,
         supply=supply, end_at_budget=end_at_budget, size_verification=size_verification,
-    )  # fmt: skip
+    ).run()  # fmt: skip
 
 
 def simulate_pipespec(
@@ -630,14 +546,15 @@ def simulate_pipespec(
     max_lead = _check_int(max_lead, "max_lead", max(lookahead, 1))
     if verify_window is not None:
         verify_window = _check_int(verify_window, "verify_window", max(lookahead, 1))
-    return _simulate_schedule(
+    return Simulation(
         "pipespec", costs, acceptances, max_new_tokens, lookahead=lookahead, max_lead=max_lead,
         verify_window=verify_window, rollback_delay=rollback_delay, seed=seed, contention=contention,
         supply=supply, end_at_budget=end_at_budget, size_verification=size_verification, cascade=cascade,
-    )  # fmt: skip
+    ).run()  # fmt: skip
 
 
 SIZING_TABLE = 33  # t(n) entries a sizing verifier is given (n = 1..33: up to 32 drafts)
+STEP_DONE = -2  # an event's payload when a step ends (with contention: minus the step's version); else a token
 
 
 def _cost_table(cost) -> list[float]:
@@ -655,32 +572,9 @@ def _rates(spec) -> tuple[float, ...]:
     return (spec.agree_rate,)  # Replay: its per-token estimate
 
 
-def _simulate_schedule(
-    strategy: str,
-    costs,
-    acceptances,
-    max_new_tokens: int,
-    lookahead: int,
-    max_lead: int,
-    verify_window: int | None = None,
-    rollback_delay: float = 0.0,
-    seed: int = 0,
-    contention: Sequence[float | None] | None = None,
-    supply: Sequence[float | None] | None = None,
-    end_at_budget: bool = False,
-    size_verification: bool = False,
-    cascade: bool = False,
-) -> SimResult:
-    """Every stage runs the engine's loop: after each event, each idle stage asks
-    ``pipespec.schedule.next_action`` (its role from ``pipespec.schedule.roles``) what to do next.
-
-    A step feeds the stage's uncached tokens plus the drafts it verifies. After a step a stage whose
-    role commits its own steps (and the target) sends its buffer upstream; a stage receiving a commit
-    adopts it between steps, as the engine does: one that arrives during a step is adopted when the
-    step ends, after the step's tokens joined the buffer, so the step survives where the commit agrees
-    with it (a rollback where they differ: its KV cache is cropped). It records the commit's length
-    as the next stage's last commit and forwards it upstream, each hop taking ``rollback_delay`` seconds.
-    """
+def _check_schedule_inputs(costs, acceptances, max_new_tokens, rollback_delay, contention, supply):
+    """The inputs of a simulation, checked and normalised: (costs, acceptances, max_new_tokens,
+    contention, supply)."""
     costs = [c if isinstance(c, RecordedSteps) else _as_cost(c) for c in costs]
     if len(costs) < 2:
         raise ValueError(f"costs needs at least two stages (drafter and target), got {len(costs)}")
@@ -694,234 +588,350 @@ def _simulate_schedule(
         contention = [None if c is None else float(c) for c in contention]
         if len(contention) != len(costs) or not all(c is None or (math.isfinite(c) and c >= 0) for c in contention):
             raise ValueError(f"contention needs one value >= 0 or None per stage ({len(costs)}), got {contention!r}")
-    supply = _check_supply(supply, len(costs))
-    stage_roles = roles(strategy, len(costs), lookahead, max_lead, size_verification=size_verification,
-                        cascade=cascade)  # fmt: skip
-    # what a sizing verifier knows: its t(n) and its drafter's acceptance by position (here, the true ones)
-    sizing = [((), ())] + [
-        (tuple(_cost_table(costs[i])), _rates(acceptances[i - 1])) if size_verification else ((), ())
-        for i in range(1, len(costs))
-    ]
-    budget = max_new_tokens if end_at_budget else UNBOUNDED
-    step_time = _step_clock(costs)
-    in_flight = [0] * len(costs)  # commits on their way to each stage (rollback_delay > 0)
-    committed_below = [0] * len(costs)  # length of the next stage's last commit each stage has received
-    dry = [False] * len(costs)  # a drafter with nothing to propose until the next commit reaches it
-    work_left = [0.0] * len(costs)  # with contention: seconds of solo computing left in each stage's step
-    rate = [0.0] * len(costs)  # and the speed it progresses at now
-    version = [0] * len(costs)  # bumped when a step is rescheduled; older completion events are ignored
-    clock = [0.0]  # when work_left was last brought up to date
-    took = [False]  # a cascade passed drafts on during this pass of start_all
+    return costs, acceptances, max_new_tokens, contention, _check_supply(supply, len(costs))
 
-    rng = np.random.default_rng(seed)
-    samplers = [spec.sampler(rng, seed) for spec in acceptances]
-    tokens = _Tokens()
-    stages = [_Stage() for _ in costs]
-    last = len(stages) - 1
-    events: list[tuple[float, int, int, int]] = []  # (time, sequence, stage, token or -2 for step end)
-    sequence = 0
-    step_done = -2
-    max_events = 1000 * max_new_tokens * len(stages) + 10_000  # guard against a modelling bug looping
 
-    def schedule(time: float, stage_index: int, payload: int) -> None:
-        nonlocal sequence
-        heapq.heappush(events, (time, sequence, stage_index, payload))
-        sequence += 1
+class SimulatedStage:
+    """One stage of a simulation, running the engine's loop (`pipespec.stage.StageRequest`; the methods of
+    the same names decide with the same functions): its buffer of abstract tokens, the length of the next
+    stage's last commit it has received, the step in flight, and what it counted."""
 
-    def drafts_of(i: int) -> list[int]:
-        """The drafter's tokens beyond stage i's buffer, cut at the window and at room - 1."""
-        if i == 0:
+    def __init__(self, index: int, role: Role, simulation: "Simulation", acceptance) -> None:
+        self.index = index
+        self.role = role
+        self.simulation = simulation
+        self.tokens = simulation.tokens  # the simulation's token ids
+        self.sizing = simulation.sizing[index]  # a sizing verifier's t(n) and acceptance by position, or ((), ())
+        self.acceptance = acceptance  # the sampler of its verifications of its drafter's tokens (first stage: None)
+        self.upstream: SimulatedStage | None = None  # its drafter
+        self.downstream: SimulatedStage | None = None  # its verifier (None: the target)
+        self.model_free = index == 0 and simulation.supply[0] is not None  # proposes whole runs (PROPOSE)
+        self.buffer: list[int] = []  # O_i: the tokens this stage currently believes
+        self.cached = 0  # tokens of buffer in the KV cache
+        self.downstream_committed = 0  # length of the next stage's last commit it has received
+        self.in_flight = 0  # commits on their way to it (rollback_delay > 0)
+        self.dry = False  # a drafter with nothing to propose until the next commit reaches it
+        self.pending: int | None = None  # the latest commit that arrived during the step in flight
+        self.busy = False
+        # the step in flight
+        self.step_kind = STEP
+        self.step_start = 0.0
+        self.step_end = 0.0
+        self.step_drafts: list[int] = []
+        self.step_proposal = 1  # tokens the first stage's step appends (a model-free proposal: several)
+        # with contention: seconds of solo computing left in its step, the speed it progresses at now, and
+        # a version bumped when the step is rescheduled (older completion events are ignored)
+        self.work_left = 0.0
+        self.rate = 0.0
+        self.version = 0
+        # what it counted
+        self.busy_time = 0.0
+        self.steps = 0
+        self.discarded = 0  # steps whose result was dropped because of a rollback
+        self.verifications = 0
+        self.accepted: list[int] = []  # accepted count (+ own token) per verification
+        self.offered: list[int] = []
+        self.rejections = 0
+        self.kinds: list[int] = []  # drafts offered per applied step of a verifier (0: a single step)
+
+    # ---- scheduling ------------------------------------------------------------------
+    def available_drafts(self) -> list[int]:
+        """The drafter's tokens beyond this stage's buffer (`pipespec.buffers.offered_drafts`), at most
+        ``verify_window`` of them."""
+        if self.upstream is None:
             return []
-        upstream, own = stages[i - 1].buffer, stages[i].buffer
-        committed = len(own)
-        if not (len(upstream) > committed and tokens.agree_through(upstream, own, committed)):
-            return []
-        end = len(upstream) if verify_window is None else min(len(upstream), committed + verify_window)
-        return upstream[committed : min(end, committed + max(budget - committed - 1, 0))]
+        upstream, generated, simulation = self.upstream.buffer, len(self.buffer), self.simulation
+        extends = self.tokens.agree_through(upstream, self.buffer, generated)
+        return buffers.offered_drafts(generated, upstream, extends, simulation.budget, limit=simulation.verify_window)
 
-    def producing(j: int) -> bool:
-        """Stage j will produce more drafts without hearing back (what its last message says)."""
-        return in_flight[j] > 0 or stages[j].busy or decide(j, len(drafts_of(j))).kind not in (IDLE, FINISH)
+    def more_coming(self) -> bool:
+        """This stage will produce more drafts without hearing back (what its last message says)."""
+        return self.in_flight > 0 or self.busy or self.next_action()[0].kind not in (IDLE, FINISH)
 
-    def decide(i: int, n_drafts: int) -> Action:
-        if dry[i]:
-            return Action(IDLE)  # prompt lookup without a proposal
-        more = i > 0 and producing(i - 1)
-        view = stage_view(stage_roles[i], len(stages[i].buffer), committed_below[i], n_drafts, more, budget,
-                          model_free=i == 0 and supply[0] is not None, step_costs=sizing[i][0],
-                          acceptance=sizing[i][1])  # fmt: skip
-        return next_action(stage_roles[i], view)
+    def view(self, drafts: int) -> StageView:
+        """What it knows, in the engine's terms (`pipespec.schedule.stage_view`). There is no EOS and no
+        confidence model here: a drafter is never finished and its lead is always confident."""
+        more = self.upstream is not None and self.upstream.more_coming()
+        step_costs, acceptance = self.sizing
+        return stage_view(self.role, len(self.buffer), self.downstream_committed, drafts, more,
+                          self.simulation.budget, model_free=self.model_free, step_costs=step_costs,
+                          acceptance=acceptance)  # fmt: skip
 
-    def send_upstream(i: int, token: int, now: float) -> None:
-        """Stage i tells stage i-1 that its output now ends in ``token``."""
-        if i == 0:
+    def next_action(self) -> tuple[Action, list[int]]:
+        """Its next action (`pipespec.schedule.next_action`) and the drafts it is offered."""
+        drafts = self.available_drafts()
+        if self.dry:
+            return Action(IDLE), drafts  # prompt lookup without a proposal
+        return next_action(self.role, self.view(len(drafts))), drafts
+
+    def try_start(self, now: float) -> None:
+        """Act on its next action if it is idle: start a step, or pass a proposal on (TAKE, at no cost)."""
+        if self.busy:
             return
-        if rollback_delay > 0:
-            in_flight[i - 1] += 1
-            schedule(now + rollback_delay, i - 1, token)
-        else:
-            apply_commit(i - 1, token, now)
-
-    def look_again(j: int) -> None:
-        """A drafter with a finite supply, back at its successor's output, has a proposal or not."""
-        dry[j] = (supply[j] is not None and j < last and len(stages[j].buffer) <= len(stages[j + 1].buffer)
-                  and rng.random() >= supply[j])  # fmt: skip
-
-    def apply_commit(j: int, token: int, now: float) -> None:
-        """A commit reaches stage j. Like the engine, a stage reads its messages between steps: one
-        arriving during a step waits for the step's end (the latest commit carries the whole buffer)."""
-        if stages[j].busy:
-            stages[j].pending = token
-        else:
-            adopt(j, token, now)
-
-    def adopt(j: int, token: int, now: float, produced_from: int | None = None) -> None:
-        """Stage j follows the commit ending in ``token`` (``pipespec.stage.StageRequest.adopt``).
-        ``produced_from``: where the step that just ended started appending, if one did."""
-        stage = stages[j]
-        committed_below[j] = tokens.position[token] + 1
-        for theirs in tokens.diverging(stage.buffer, token):
-            # a verifier's own token made before our token at its position existed: equal or not, by the
-            # pair's agreement (the engine compares token ids); a rejection's replacement always differs
-            position = tokens.position[theirs]
-            if position >= len(stage.buffer) or theirs not in tokens.unseen or not samplers[j].agrees(position):
-                break
-            tokens.merge(stage.buffer[position], theirs)
-        changed = tokens.rebase(stage.buffer, token)
-        look_again(j)  # a commit arrived: a prompt lookup looks for a match again
-        if changed is not None:
-            stage.cached = min(stage.cached, changed)
-            if produced_from is not None and changed <= produced_from:
-                stage.discarded += 1  # nothing the step produced survives
-        send_upstream(j, token, now)  # the engine forwards every commit it receives
-
-    def try_start(i: int, now: float) -> None:
-        stage = stages[i]
-        if stage.busy:
-            return
-        drafts = drafts_of(i)
-        action = decide(i, len(drafts))
+        action, drafts = self.next_action()
         if action.kind == TAKE:  # a cascade passes the proposal on at no cost, then decides again
-            stage.buffer.extend(drafts[: action.n])
-            took[0] = True
-            try_start(i, now)
+            self.buffer.extend(drafts[: action.n])
+            self.simulation.took = True
+            self.try_start(now)
             return
-        if action.kind not in (STEP, PROPOSE):
-            return
-        drafts = drafts[: action.n]
-        stage.step_proposal = action.n if action.kind == PROPOSE else 1
-        stage.busy = True
-        stage.step_start = now
-        stage.step_end = now + step_time(i, len(stage.buffer) - stage.cached + len(drafts))
-        stage.step_drafts = drafts
-        if contention is not None:
-            work_left[i] = stage.step_end - now  # scheduled by share_cores once everyone's state is known
-            rate[i] = 0.0
-            return
-        schedule(stage.step_end, i, step_done)
+        if action.kind in (STEP, PROPOSE):
+            self.start_step(action, drafts[: action.n], now)
 
-    def advance(now: float) -> None:
+    def start_step(self, action: Action, drafts: list[int], now: float) -> None:
+        """A step feeds its uncached tokens plus the drafts it verifies."""
+        simulation = self.simulation
+        self.step_kind = action.kind
+        self.step_proposal = action.n if action.kind == PROPOSE else 1
+        self.busy = True
+        self.step_start = now
+        self.step_end = now + simulation.step_time(self.index, len(self.buffer) - self.cached + len(drafts))
+        self.step_drafts = drafts
+        if simulation.contention is not None:
+            self.work_left = self.step_end - now  # scheduled by share_cores once everyone's state is known
+            self.rate = 0.0
+            return
+        simulation.schedule(self.step_end, self.index, STEP_DONE)
+
+    # ---- steps -------------------------------------------------------------------------
+    def step(self, now: float) -> bool:
+        """Apply its completed step, commit it upstream where its role says so, then adopt a commit that
+        arrived during the step; True when the target reached the token budget."""
+        self.busy = False
+        self.steps += 1
+        self.busy_time += now - self.step_start
+        produced_from = len(self.buffer)
+        if self.upstream is None:  # a model drafts one token a step; a model-free drafter a run of them at once
+            self.cached = len(self.buffer)
+            for _ in range(self.step_proposal):
+                self.buffer.append(self.tokens.new(self.buffer))
+        else:
+            self.verify()
+        if commits_after_step(self.role, self.step_kind):
+            self.commit_upstream(self.buffer[-1], now)
+        if self.pending is not None:
+            token, self.pending = self.pending, None
+            self.adopt(token, now, produced_from)
+        return self.downstream is None and len(self.buffer) >= self.simulation.max_new_tokens
+
+    def verify(self) -> None:
+        """A verifier's step ends: the accepted drafts and its own token join its buffer."""
+        tokens, sampler, drafts = self.tokens, self.acceptance, self.step_drafts
+        accepted = sampler.verify(len(drafts), len(self.buffer)) if drafts else 0
+        self.buffer.extend(drafts[:accepted])
+        self.cached = len(self.buffer)  # own uncached tokens and accepted drafts are now cached
+        own = None
+        upstream = self.upstream.buffer
+        position = len(self.buffer)
+        if accepted == len(drafts):
+            # bonus or single-token step: the drafter may already hold a token at this position
+            if (len(upstream) > position and tokens.agree_through(upstream, self.buffer, position)
+                    and sampler.agrees(position)):  # fmt: skip
+                own = upstream[position]  # same token: the drafter keeps its continuation
+        unseen = accepted == len(drafts) and len(upstream) <= position
+        self.buffer.append(own if own is not None else tokens.new(self.buffer, unseen))
+        if drafts:
+            self.verifications += 1
+            self.accepted.append(accepted + 1)
+            self.offered.append(len(drafts))
+            self.rejections += accepted < len(drafts)
+        self.kinds.append(len(drafts))
+
+    # ---- commits -----------------------------------------------------------------------
+    def commit_upstream(self, token: int, now: float) -> None:
+        """Tell its drafter that the buffer it follows now ends in ``token``, ``rollback_delay`` later."""
+        if self.upstream is None:
+            return
+        simulation = self.simulation
+        if simulation.rollback_delay > 0:
+            self.upstream.in_flight += 1
+            simulation.schedule(now + simulation.rollback_delay, self.upstream.index, token)
+        else:
+            self.upstream.handle_commit(token, now)
+
+    def handle_commit(self, token: int, now: float) -> None:
+        """A commit reaches it. Like the engine, a stage reads its messages between steps: one arriving
+        during a step waits for the step's end (the latest commit carries the whole buffer)."""
+        if self.busy:
+            self.pending = token
+        else:
+            self.adopt(token, now)
+
+    def adopt(self, token: int, now: float, produced_from: int | None = None) -> None:
+        """Follow the commit ending in ``token`` (`pipespec.buffers.adopt`: roll back where the buffers
+        differ, catch up where the commit is ahead) and forward it upstream, as the engine does.
+        ``produced_from``: where the step that just ended started appending, if one did."""
+        tokens = self.tokens
+        self.downstream_committed = tokens.position[token] + 1
+        self.match_own_tokens(token)
+        missing = tokens.diverging(self.buffer, token)
+        change = buffers.adopt(len(self.buffer), self.downstream_committed, self.downstream_committed - len(missing))
+        if change.replace_from is not None:
+            self.replace_tail(change.replace_from, missing)
+        self.look_again()  # a commit arrived: a prompt lookup looks for a match again
+        if change.replace_from is not None:
+            self.cached = min(self.cached, change.replace_from)
+            if produced_from is not None and change.replace_from <= produced_from:
+                self.discarded += 1  # nothing the step produced survives
+        self.commit_upstream(token, now)  # the engine forwards every commit it receives
+
+    def match_own_tokens(self, token: int) -> None:
+        """The verifier's own tokens in the commit ending in ``token`` that it made before this stage's token
+        at their position existed: equal or not by the pair's agreement (the engine compares token ids);
+        a rejection's replacement always differs."""
+        tokens = self.tokens
+        for theirs in tokens.diverging(self.buffer, token):
+            position = tokens.position[theirs]
+            if (position >= len(self.buffer) or theirs not in tokens.unseen
+                    or not self.downstream.acceptance.agrees(position)):  # fmt: skip
+                break
+            tokens.merge(self.buffer[position], theirs)
+
+    def replace_tail(self, common: int, tokens_from_common: list[int]) -> None:
+        """Take the commit's tokens from ``common`` on."""
+        del self.buffer[common:]
+        self.buffer.extend(tokens_from_common)
+
+    def look_again(self) -> None:
+        """A drafter with a finite supply, back at its successor's output, has a proposal or not."""
+        supply, downstream = self.simulation.supply[self.index], self.downstream
+        self.dry = (supply is not None and downstream is not None and len(self.buffer) <= len(downstream.buffer)
+                    and self.simulation.rng.random() >= supply)  # fmt: skip
+
+
+class Simulation:
+    """Every stage runs the engine's loop (`SimulatedStage`): after each event, each idle stage asks
+    ``pipespec.schedule.next_action`` (its role from ``pipespec.schedule.roles``) what to do next.
+
+    A step feeds the stage's uncached tokens plus the drafts it verifies. After a step a stage whose
+    role commits its own steps (and the target) sends its buffer upstream; a stage receiving a commit
+    adopts it between steps, as the engine does: one that arrives during a step is adopted when the
+    step ends, after the step's tokens joined the buffer, so the step survives where the commit agrees
+    with it (a rollback where they differ: its KV cache is cropped). It records the commit's length
+    as the next stage's last commit and forwards it upstream, each hop taking ``rollback_delay`` seconds.
+    """
+
+    def __init__(self, strategy: str, costs, acceptances, max_new_tokens: int, lookahead: int, max_lead: int,
+                 verify_window: int | None = None, rollback_delay: float = 0.0, seed: int = 0,
+                 contention: Sequence[float | None] | None = None, supply: Sequence[float | None] | None = None,
+                 end_at_budget: bool = False, size_verification: bool = False, cascade: bool = False) -> None:  # fmt: skip
+        costs, acceptances, max_new_tokens, contention, supply = _check_schedule_inputs(
+            costs, acceptances, max_new_tokens, rollback_delay, contention, supply
+        )
+        self.strategy = strategy
+        self.max_new_tokens = max_new_tokens
+        self.budget = max_new_tokens if end_at_budget else UNBOUNDED
+        self.verify_window = verify_window
+        self.rollback_delay = rollback_delay
+        self.contention = contention
+        self.supply = supply
+        stage_roles = roles(strategy, len(costs), lookahead, max_lead, size_verification=size_verification,
+                            cascade=cascade)  # fmt: skip
+        # what a sizing verifier knows: its t(n) and its drafter's acceptance by position (here, the true ones)
+        self.sizing = [((), ())] + [
+            (tuple(_cost_table(costs[i])), _rates(acceptances[i - 1])) if size_verification else ((), ())
+            for i in range(1, len(costs))
+        ]
+        self.step_time = _step_clock(costs)
+        self.clock = 0.0  # with contention: when the stages' work_left was last brought up to date
+        self.took = False  # a cascade passed drafts on during this pass of start_all
+        self.rng = np.random.default_rng(seed)
+        samplers = [None] + [spec.sampler(self.rng, seed) for spec in acceptances]
+        self.tokens = _Tokens()
+        self.stages = [SimulatedStage(i, role, self, samplers[i]) for i, role in enumerate(stage_roles)]
+        for drafter, verifier in zip(self.stages, self.stages[1:]):
+            drafter.downstream, verifier.upstream = verifier, drafter
+        self.events: list[tuple[float, int, int, int]] = []  # (time, sequence, stage, token or STEP_DONE)
+        self.sequence = 0
+        self.max_events = 1000 * max_new_tokens * len(self.stages) + 10_000  # guard against a modelling bug looping
+
+    def schedule(self, time: float, stage_index: int, payload: int) -> None:
+        heapq.heappush(self.events, (time, self.sequence, stage_index, payload))
+        self.sequence += 1
+
+    def start_all(self, now: float) -> None:
+        """Every idle stage acts on its next action, downstream first: verifiers read their drafter's
+        state as of now."""
+        self.took = True
+        while self.took:  # again after a pass-through: the stages downstream of it have new drafts
+            self.took = False
+            for stage in reversed(self.stages):
+                stage.try_start(now)
+        if self.contention is not None:
+            self.share_cores(now)
+
+    def advance(self, now: float) -> None:
         """Processor sharing: bring every busy stage's remaining work up to ``now``."""
-        for j, stage in enumerate(stages):
+        for stage in self.stages:
             if stage.busy:
-                work_left[j] = max(work_left[j] - (now - clock[0]) * rate[j], 0.0)
-        clock[0] = now
+                stage.work_left = max(stage.work_left - (now - self.clock) * stage.rate, 0.0)
+        self.clock = now
 
-    def share_cores(now: float) -> None:
+    def share_cores(self, now: float) -> None:
         """Processor sharing: new speeds for the current set of busy stages; reschedule whose speed changed."""
-        busy = [j for j, stage in enumerate(stages) if stage.busy and contention[j] is not None]
-        for j, stage in enumerate(stages):
+        contention = self.contention
+        busy = [j for j, stage in enumerate(self.stages) if stage.busy and contention[j] is not None]
+        for j, stage in enumerate(self.stages):
             if not stage.busy:
                 continue
             others = sum(1 for k in busy if k != j) if contention[j] is not None else 0
             speed = 1.0 / (1.0 + (contention[j] or 0.0) * others)
-            if speed != rate[j]:
-                rate[j] = speed
-                version[j] += 1
-                stage.step_end = now + work_left[j] / speed
-                schedule(stage.step_end, j, step_done - version[j])
+            if speed != stage.rate:
+                stage.rate = speed
+                stage.version += 1
+                stage.step_end = now + stage.work_left / speed
+                self.schedule(stage.step_end, j, STEP_DONE - stage.version)
 
-    def start_all(now: float) -> None:
-        took[0] = True
-        while took[0]:  # again after a pass-through: the stages downstream of it have new drafts
-            took[0] = False
-            for j in range(last, -1, -1):  # downstream first: verifiers read their drafter's state as of now
-                try_start(j, now)
-        if contention is not None:
-            share_cores(now)
+    def run(self) -> SimResult:
+        """Play events until the target holds ``max_new_tokens`` tokens."""
+        for stage in self.stages:
+            stage.look_again()
+        self.start_all(0.0)
+        now = 0.0
+        handled = 0
+        while True:
+            if not self.events:
+                raise RuntimeError("simulation stalled: no stage can make progress")
+            handled += 1
+            if handled > self.max_events:
+                raise RuntimeError("simulation exceeded its event budget")
+            now, _, i, payload = heapq.heappop(self.events)
+            stage = self.stages[i]
+            if self.contention is not None:
+                if payload <= STEP_DONE and payload != STEP_DONE - stage.version:
+                    continue  # a completion time made stale by a change of speed
+                self.advance(now)
+                if payload <= STEP_DONE:
+                    payload = STEP_DONE
+            if payload == STEP_DONE:
+                if stage.step(now):
+                    break
+            else:
+                stage.in_flight -= 1
+                stage.handle_commit(payload, now)
+            self.start_all(now)
+        for stage in self.stages:  # count the part of in-flight steps that ran before the end
+            if stage.busy:
+                stage.busy_time += now - stage.step_start
+        return _result("sync_sd" if self.strategy == "sd" else self.strategy, self.stages, now, self.max_new_tokens)
 
-    def finish_step(i: int, now: float) -> bool:
-        """Apply stage i's completed step; True when the target reached the token budget."""
-        stage = stages[i]
-        stage.busy = False
-        stage.steps += 1
-        stage.busy_time += now - stage.step_start
-        produced_from = len(stage.buffer)
-        if i == 0:  # a model drafts one token a step; a model-free drafter proposes a run of them at once
-            stage.cached = len(stage.buffer)
-            for _ in range(stage.step_proposal):
-                stage.buffer.append(tokens.new(stage.buffer))
-        else:
-            verify_step(i, now)
-        if stage.pending is not None:
-            token, stage.pending = stage.pending, None
-            adopt(i, token, now, produced_from)
-        return i == last and len(stage.buffer) >= max_new_tokens
 
-    def verify_step(i: int, now: float) -> None:
-        """Verifier i's step ends: accepted drafts and its own token join its buffer."""
-        stage = stages[i]
-        drafts = stage.step_drafts
-        sampler = samplers[i - 1]
-        accepted = sampler.verify(len(drafts), len(stage.buffer)) if drafts else 0
-        stage.buffer.extend(drafts[:accepted])
-        stage.cached = len(stage.buffer)  # own uncached tokens and accepted drafts are now cached
-        own = None
-        upstream = stages[i - 1].buffer
-        position = len(stage.buffer)
-        if accepted == len(drafts):
-            # bonus or single-token step: the drafter may already hold a token at this position
-            if (len(upstream) > position and tokens.agree_through(upstream, stage.buffer, position)
-                    and sampler.agrees(position)):  # fmt: skip
-                own = upstream[position]  # same token: the drafter keeps its continuation
-        unseen = accepted == len(drafts) and len(upstream) <= position
-        stage.buffer.append(own if own is not None else tokens.new(stage.buffer, unseen))
-        if drafts:
-            stage.verifications += 1
-            stage.accepted.append(accepted + 1)
-            stage.offered.append(len(drafts))
-            stage.rejections += accepted < len(drafts)
-        stage.kinds.append(len(drafts))
-        if stage_roles[i].commits_own_steps or i == last:
-            send_upstream(i, stage.buffer[-1], now)
-
-    for j in range(len(stages)):
-        look_again(j)
-    start_all(0.0)
-    now = 0.0
-    handled = 0
-    while True:
-        if not events:
-            raise RuntimeError("simulation stalled: no stage can make progress")
-        handled += 1
-        if handled > max_events:
-            raise RuntimeError("simulation exceeded its event budget")
-        now, _, i, payload = heapq.heappop(events)
-        if contention is not None:
-            if payload <= step_done and payload != step_done - version[i]:
-                continue  # a completion time made stale by a change of speed
-            advance(now)
-            if payload <= step_done:
-                payload = step_done
-        if payload == step_done:
-            if finish_step(i, now):
-                break
-        else:
-            in_flight[i] -= 1
-            apply_commit(i, payload, now)
-        start_all(now)
-
-    for stage in stages:  # count the part of in-flight steps that ran before the end
-        if stage.busy:
-            stage.busy_time += now - stage.step_start
-    return _result("sync_sd" if strategy == "sd" else strategy, stages, now, max_new_tokens)
+def _result(strategy: str, stages: list[SimulatedStage], total_time: float, max_new_tokens: int) -> SimResult:
+    verifiers = stages[1:]
+    return SimResult(
+        strategy=strategy,
+        total_time=total_time,
+        tokens_generated=max_new_tokens,
+        committed_tokens=len(stages[-1].buffer),
+        steps=tuple(s.steps for s in stages),
+        discarded_steps=tuple(s.discarded for s in stages),
+        busy_fraction=tuple(min(s.busy_time / total_time, 1.0) for s in stages),
+        verify_fraction=tuple(
+            s.verifications / (s.steps - s.discarded) if s.steps > s.discarded else math.nan for s in verifiers
+        ),
+        accepted_per_verify=tuple(_mean(s.accepted) for s in verifiers),
+        offered_per_verify=tuple(_mean(s.offered) for s in verifiers),
+        rejections=tuple(s.rejections for s in verifiers),
+        accepted_counts=tuple(tuple(s.accepted) for s in verifiers),
+        offered_counts=tuple(tuple(s.offered) for s in verifiers),
+        step_offers=tuple(tuple(s.kinds) for s in verifiers),
+    )

@@ -185,6 +185,49 @@ def next_action(role: Role, view: StageView) -> Action:
     return Action(STEP, view.drafts)
 
 
+def stage_view(
+    role: Role,
+    generated: int,
+    downstream_committed: int,
+    drafts: int,
+    upstream_more: bool,
+    budget: int,
+    model_free: bool = False,
+    step_costs: tuple[float, ...] = (),
+    acceptance: tuple[float, ...] = (),
+    holds_eos: bool = False,
+    lead_confidence: float = 1.0,
+    draft_value: float = 1.0,
+    draft_cost: float = 0.0,
+) -> StageView:
+    """What a stage knows, from its state: its buffer length (`generated`), the length of the next stage's
+    last commit it has received, the usable drafts of its drafter and whether that drafter will produce
+    more without hearing back. The target is finished at its budget or at an EOS (`holds_eos`), a
+    drafter at an EOS; the rest (its own confidence, a sizing verifier's t(n) and acceptance, value_stop's
+    worth of a draft) is passed on as the stage measured it."""
+    return StageView(
+        generated=generated,
+        budget=budget,
+        lead=generated - downstream_committed,
+        finished=(role.is_target and generated >= budget) or holds_eos,
+        drafts=drafts,
+        upstream_more=role.has_upstream and upstream_more,
+        lead_confidence=lead_confidence,
+        model_free=model_free,
+        step_costs=step_costs,
+        acceptance=acceptance,
+        draft_value=draft_value,
+        draft_cost=draft_cost,
+    )
+
+
+def commits_after_step(role: Role, kind: str) -> bool:
+    """Whether a stage sends its buffer upstream after a step of `kind`: a verifier commits each of its
+    steps when its role says so (the target always), except a taken proposal (TAKE): that is the
+    drafter's own, nothing to tell it."""
+    return role.has_upstream and kind != TAKE and (role.is_target or role.commits_own_steps)
+
+
 def survival(n: int, acceptance) -> float:
     """The chance that the first n drafts of a verification are all accepted (`acceptance` as below)."""
     chance = 1.0

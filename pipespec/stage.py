@@ -10,7 +10,9 @@ more is coming, how many commits it has taken in, its distributions), `Commit`
 upstream (the verifier's whole buffer: the drafter adopts it, a rollback where
 they differ, a catch-up where the verifier is ahead, and forwards it upstream),
 `Done` from the target to every active stage, and `Trace`, `Result` and `Failed`
-to the driver. What a stage does next is `pipespec.schedule.next_action`.
+to the driver. What a stage does next is `pipespec.schedule.next_action`; the drafts it is
+offered and how it follows a commit are `pipespec.buffers` (the simulator, `analysis.simulate`,
+decides with the same functions).
 
 Distributions (`pipespec.verify` says what they are and what one costs) are
 sent once each, not with every buffer: `dists` is (floor, offset, list) and
@@ -39,8 +41,8 @@ import time
 import traceback
 from typing import Any, Sequence
 
-from pipespec import schedule
-from pipespec.decoding import final_output, is_finished, model_step
+from pipespec import buffers, schedule
+from pipespec.decoding import final_output, model_step
 from pipespec.drafters import build_drafter, common_prefix
 from pipespec.gpu import stage_sampler
 from pipespec.models import CausalLMRunner, load_model
@@ -164,11 +166,11 @@ class StageRequest:
         (`common`: the length of the two buffers' common prefix, when known)."""
         if common is None:
             common = common_prefix(self.out, verifier_buffer)
-        if common < len(self.out) and common < len(verifier_buffer):
-            self.trace.note_rollback(len(self.out) - common)
-            self.replace_tail(common, verifier_buffer)
-        elif len(verifier_buffer) > len(self.out):
-            self.replace_tail(common, verifier_buffer)
+        change = buffers.adopt(len(self.out), len(verifier_buffer), common)
+        if change.rolled_back:
+            self.trace.note_rollback(change.rolled_back)
+        if change.replace_from is not None:
+            self.replace_tail(change.replace_from, verifier_buffer)
         self.engine.truncate(len(self.job.prompt_ids) + common)
         self.downstream_committed = len(verifier_buffer)
         for i in range(self.dists_pruned, min(self.downstream_committed, len(self.dists))):
@@ -224,43 +226,38 @@ class StageRequest:
         return math.prod(self.confidence[self.downstream_committed :])
 
     def available_drafts(self) -> tuple[list[int], list[TokenDist] | None]:
-        """The drafter's usable tokens beyond this stage's buffer (cut at room - 1 and after an EOS),
+        """The drafter's usable tokens beyond this stage's buffer (`buffers.offered_drafts`: cut at
+        room - 1 and after an EOS, and where the rule needs distributions at the first token without one),
         and their distributions when the rule needs them."""
-        n, job = len(self.out), self.job
-        if not (len(self.upstream_buffer) > n and self.upstream_buffer[:n] == self.out):
-            return [], None
-        drafts = self.upstream_buffer[n:]
-        dists = None
-        if self.rule.uses_dists:
-            dists = []
-            for position in range(n, len(self.upstream_buffer)):
-                if position not in self.upstream_dists:
-                    break  # not the drafter's own token: one it adopted from an earlier commit of ours
-                dists.append(self.upstream_dists[position])
-            drafts = drafts[: len(dists)]
-        drafts = drafts[: max(job.max_new_tokens - n - 1, 0)]
-        for i, token in enumerate(drafts):
-            if token in job.eos_ids:
-                drafts = drafts[: i + 1]  # nothing after an EOS can be kept
-                break
+        n, job, upstream = len(self.out), self.job, self.upstream_buffer
+        extends = upstream[:n] == self.out
+        dists = self.upstream_dists_from(n) if self.rule.uses_dists and extends else None
+        limit = None if dists is None else len(dists)
+        drafts = buffers.offered_drafts(n, upstream, extends, job.max_new_tokens, job.eos_ids, limit)
         return drafts, dists[: len(drafts)] if dists is not None else None
 
+    def upstream_dists_from(self, position: int) -> list[TokenDist]:
+        """The drafter's distributions from `position` on, up to its first token without one."""
+        dists = []
+        for p in range(position, len(self.upstream_buffer)):
+            if p not in self.upstream_dists:
+                break  # not the drafter's own token: one it adopted from an earlier commit of ours
+            dists.append(self.upstream_dists[p])
+        return dists
+
     def view(self, drafts: int) -> schedule.StageView:
+        """What this stage knows when it picks its next action (`schedule.stage_view`), offered `drafts`."""
         job = self.job
-        finished = (
-            is_finished(self.out, job.max_new_tokens, job.eos_ids)
-            if self.role.is_target
-            else any(t in job.eos_ids for t in self.out)
-        )
-        return schedule.StageView(
-            generated=len(self.out),
-            budget=job.max_new_tokens,
-            lead=len(self.out) - self.downstream_committed,
-            finished=finished,
-            drafts=drafts,
-            upstream_more=self.role.has_upstream and self.upstream_more,
-            lead_confidence=self.lead_confidence() if self.role.stop_below > 0 else 1.0,
+        return schedule.stage_view(
+            self.role,
+            len(self.out),
+            self.downstream_committed,
+            drafts,
+            self.upstream_more,
+            job.max_new_tokens,
             model_free=self.engine.lookup is not None,
+            holds_eos=any(t in job.eos_ids for t in self.out),
+            lead_confidence=self.lead_confidence() if self.role.stop_below > 0 else 1.0,
             **self.sizing(drafts),
             **self.worth(),
         )
@@ -356,9 +353,7 @@ class StageRequest:
             steps += 1
             self.maybe_inject_fault(steps)
             self.publish(more_coming=True)
-            if self.upstream_rank is not None and kind != schedule.TAKE and (
-                self.role.is_target or self.role.commits_own_steps
-            ):  # a taken proposal is the drafter's own: nothing to tell it
+            if schedule.commits_after_step(self.role, kind):
                 self.commit_upstream()
         self.trace.end_time = time.perf_counter()
         if self.role.is_target:

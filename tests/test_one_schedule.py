@@ -2,7 +2,10 @@
 stage's next action with the same function, `pipespec.schedule.next_action`.
 
 - Both modules call it (checked by identity and in their source), and for the same state both build
-  the same `StageView` and so take the same action (a grid of states, sd and pipespec, k = 2 and 3).
+  the same `StageView` (`pipespec.schedule.stage_view`) and so take the same action (a grid of states,
+  sd and pipespec, k = 2 and 3). The drafts a verifier is offered and how a stage follows a commit
+  (`pipespec.buffers`), and when it commits upstream (`pipespec.schedule.commits_after_step`), are
+  also one function each, called by both.
 - Replaying a recorded run through the simulator gives the same sequence of target steps. The runs
   are chosen so that the schedule does not depend on timing: sd (every verifier waits until its
   drafter has stopped) and pipespec with lookahead = max_lead (a verifier waits for exactly the lead
@@ -22,7 +25,7 @@ import pytest
 
 import analysis.simulate as sim
 from analysis import paper_model as pm
-from pipespec import schedule
+from pipespec import buffers, schedule
 from experiments.tiny import random_prompts
 
 TINY = {"noise": [0.3, 0.05], "eos_token_id": None}  # full-length outputs: no EOS (the simulator has none)
@@ -39,8 +42,44 @@ def test_both_loops_call_schedule_next_action():
     assert stage.schedule.next_action is schedule.next_action
     assert "schedule.next_action(self.role" in inspect.getsource(stage.StageRequest.next_action)
     assert sim.next_action is schedule.next_action and sim.roles is schedule.roles
-    assert "next_action(stage_roles[i]" in inspect.getsource(sim._simulate_schedule)
+    assert "next_action(self.role" in inspect.getsource(sim.SimulatedStage.next_action)
     assert inspect.signature(sim.simulate_pipespec).parameters["max_lead"].default == schedule.DEFAULT_MAX_LEAD
+
+
+def test_both_loops_apply_the_same_buffer_rules():
+    """The drafts a verifier is offered, how a stage follows a commit, what it knows and when it commits
+    upstream: one function each (`pipespec.buffers`, `pipespec.schedule`), called by both loops."""
+    import pipespec.stage as stage
+
+    assert stage.buffers is buffers and sim.buffers is buffers
+    assert sim.stage_view is schedule.stage_view and sim.commits_after_step is schedule.commits_after_step
+    calls = {
+        "buffers.offered_drafts(": (stage.StageRequest.available_drafts, sim.SimulatedStage.available_drafts),
+        "buffers.adopt(": (stage.StageRequest.adopt, sim.SimulatedStage.adopt),
+        "stage_view(": (stage.StageRequest.view, sim.SimulatedStage.view),
+        "commits_after_step(self.role": (stage.StageRequest.run, sim.SimulatedStage.step),
+    }
+    for call, methods in calls.items():
+        for method in methods:
+            assert call in inspect.getsource(method), (call, method.__qualname__)
+
+
+def test_buffer_rules():
+    assert buffers.offered_drafts(2, [1, 2, 3, 4, 5], True, 10) == [3, 4, 5]
+    assert buffers.offered_drafts(2, [1, 2, 3, 4, 5], False, 10) == []  # the drafter's buffer differs
+    assert buffers.offered_drafts(2, [1, 2], True, 10) == []  # nothing beyond the verifier's buffer
+    assert buffers.offered_drafts(2, [1, 2, 3, 4, 5], True, 5) == [3, 4]  # room - 1: its own token takes the last
+    assert buffers.offered_drafts(2, [1, 2, 3, 4, 5], True, 10, eos_ids=[4]) == [3, 4]  # nothing after an EOS
+    assert buffers.offered_drafts(2, [1, 2, 3, 4, 5], True, 10, limit=1) == [3]
+    assert buffers.adopt(5, 3, 3) == buffers.Adoption(None, 0)  # the stage's buffer extends the commit
+    assert buffers.adopt(5, 4, 2) == buffers.Adoption(2, 3)  # a rollback of three of its own tokens
+    assert buffers.adopt(3, 6, 3) == buffers.Adoption(3, 0)  # a catch-up
+    verifier, sd_middle = schedule.roles("pipespec", 3, 0, 4)[1], schedule.roles("sd", 3, 2, 4)[1]
+    assert schedule.commits_after_step(verifier, schedule.STEP) and not schedule.commits_after_step(
+        verifier, schedule.TAKE)
+    assert not schedule.commits_after_step(sd_middle, schedule.STEP)  # only the target's commit releases sd
+    first = schedule.roles("pipespec", 2, 0, 4)[0]
+    assert not schedule.commits_after_step(first, schedule.PROPOSE)  # nothing upstream to tell
 
 
 def _engine_request(role_list, index, budget):
