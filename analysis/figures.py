@@ -42,8 +42,9 @@ import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import matplotlib
 
@@ -52,7 +53,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from analysis import fit, wallclock  # noqa: E402
+from analysis import evaluate, fit  # noqa: E402
 from analysis import import_official as official  # noqa: E402
 from analysis import paper_model as pm  # noqa: E402
 from pipespec.stats import StageStats  # noqa: E402
@@ -477,121 +478,149 @@ def _final_counts(log: official.OfficialLog) -> list[int]:
     return official.accepted_counts(log, log.num_pairs - 1)
 
 
+@dataclass
+class _Logs:
+    """The authors' logs the official figures draw: all of them, those of the largest target, and their folder."""
+
+    logs: Sequence[official.OfficialLog]
+    directory: Path  # the folder of the logs (its humaneval/ subfolder)
+    source: list[str]  # the data line of every caption
+    largest: list[official.OfficialLog]  # the logs of the largest target
+    target: str  # that target's name ("" without logs)
+
+    @property
+    def speculative(self) -> list[official.OfficialLog]:
+        """The largest target's SD and PipeSpec logs (not greedy), in their order."""
+        return [log for log in self.largest if log.strategy != "greedy"]
+
+
+def _chain_first(logs: Sequence[official.OfficialLog]) -> list[official.OfficialLog]:
+    """SD (chain) logs before PipeSpec (async-chain) ones, otherwise in their order."""
+    return sorted(logs, key=lambda g: g.strategy != "chain")
+
+
+def _official_fig3(logs: _Logs) -> Drawn:
+    speculative = _chain_first(logs.speculative)
+    chains = sorted({log.model_names for log in speculative}, key=lambda m: (len(m), m))
+    series = [(log.model_names, (f"{DISPLAY[log.strategy]} (L={log.lookahead})",
+                                 official.STRATEGY_NAMES[log.strategy], _final_counts(log))) for log in speculative]
+    panels = [(",".join(models), [s for m, s in series if m == models]) for models in chains]
+    times = [(f"{DISPLAY[log.strategy]} {_log_label(log)}", official.STRATEGY_NAMES[log.strategy],
+              official.pooled_ms_per_token(log))
+             for log in sorted(logs.largest, key=lambda g: (g.strategy != "greedy", len(g.model_names), g.path.name))]
+    caption = (f"Tokens the {logs.target} target appended per verification (accepted drafts + its own token, as "
+               "logged), pooled over all samples; bins 1..8 (the SD window), 9-16, 17+. Right: pooled time per "
+               "token (sum of times / sum of tokens). The logs omit PipeSpec's last verification of each sample.")
+    fig, rows = figure_accepted_histogram(panels, times, f"Fig. 3: accepted tokens per verification "
+                                          f"(published logs, HumanEval, {logs.target} target)", caption, logs.source)
+    return Drawn(fig, rows, logs.source, f"logs with the {logs.target} target", caption)
+
+
+def _official_fig4(logs: _Logs) -> Drawn:
+    sweep = [log for log in logs.logs if log not in logs.largest and log.strategy != "greedy"]
+    panels = []
+    for models in sorted({log.model_names for log in sweep}):
+        series = defaultdict(list)
+        for log in sweep:
+            if log.model_names == models:
+                series[official.STRATEGY_NAMES[log.strategy]].append(
+                    (log.lookahead, official.pooled_ms_per_token(log), log.path.name))
+        greedy = next((g for g in logs.logs if g.strategy == "greedy" and g.model_names[-1] == models[-1]), None)
+        ar = (greedy.path.name, official.pooled_ms_per_token(greedy)) if greedy is not None else None
+        panels.append((f"{','.join(models)}: lookahead sweep", dict(series), ar))
+    if not panels:
+        raise LookupError("no lookahead sweep among the logs")
+    caption = ("Pooled time per token against lookahead (SD: draft window; PipeSpec: minimum lead a verifier "
+               "waits for), AR = greedy log of the same target (dashed).")
+    fig, rows = figure_lookahead(panels, "Fig. 4: time per token against lookahead (published logs)",
+                                 caption, logs.source)
+    return Drawn(fig, rows, logs.source, "lookahead sweep logs and the greedy log of their target", caption)
+
+
+def _official_fig5(logs: _Logs) -> Drawn:
+    deepest = max((len(log.model_names) for log in logs.largest), default=0)
+    chosen = [log for log in logs.largest if log.strategy == "greedy"]
+    chosen += _chain_first([log for log in logs.speculative if len(log.model_names) == deepest])
+    panels = []
+    for log in chosen:
+        samples = official.gpu_samples(log, 0)
+        if samples:
+            data = gpu_panel_data(samples, official.active_gpus(log), log.samples[0].tokens_generated)
+            panels.append((f"{DISPLAY[log.strategy]} ({_log_label(log)}), sample 0", data, official.active_gpus(log)))
+    if not panels:
+        raise LookupError("the logs hold no gpustats")
+    caption = ("NVML samples of one sample per log; averages over the GPUs a model was placed on "
+               "(model_configs[].devices), idle GPUs excluded. Energy per token per active GPU = integral of "
+               "the mean active-GPU power over the sampled span / tokens of the sample.")
+    fig, rows = figure_gpu_utilisation(panels, f"Fig. 5: utilisation per active GPU, power and energy per "
+                                       f"token (published logs, {logs.target} target, one sample)", caption,
+                                       logs.source)
+    return Drawn(fig, rows, logs.source, f"greedy and deepest SD / PipeSpec logs of the {logs.target} target, "
+                 "sample 0", caption)
+
+
+def _official_rho_alpha(logs: _Logs) -> Drawn:
+    points = []
+    for log in logs.logs:
+        if log.strategy != "async-chain":
+            continue
+        measured = fit.measure_official(log)
+        alpha = measured.alphas[-1]
+        steps = len(official.step_times(log, len(log.model_names) - 1))
+        rho = len(_final_counts(log)) / steps if steps else math.nan  # only verifications are logged
+        if math.isfinite(alpha):
+            points.append((alpha, min(rho, 1.0), measured.accepted_per_verify[-1],
+                           f"PipeSpec logs ({logs.target if log in logs.largest else 'lookahead sweep'})"))
+    if not points:
+        raise LookupError("no async logs")
+    caption = ("Eq. 3 rho = a / (1 - a^(g+1) + a) per gamma (lines, colour bar), and the async logs: alpha is a "
+               "lower bound (the logs do not record drafts offered), rho = 1 because only verifications are "
+               "logged, gamma = mean accepted drafts per verification (a lower bound of drafts offered).")
+    fig, rows = figure_rho_alpha(points, "rho against alpha: Eq. 3 and the published async logs",
+                                 "alpha (per-draft acceptance probability, lower bound)", caption, logs.source)
+    return Drawn(fig, rows, logs.source, "every async-chain (PipeSpec) log", caption)
+
+
+def _official_model_measured(logs: _Logs) -> Drawn:
+    predictions = evaluate.official_predictions(logs.directory)
+    points = [(1000 / r.measured_ms, 1000 / r.ours_ms, None if r.paper_ms is None else 1000 / r.paper_ms,
+               f"{DISPLAY[r.strategy]} {','.join(r.models)}", r.file) for r in predictions]
+    caption = ("Ours: the simulator (analysis.evaluate) with each log's own mean step times and acceptance "
+               f"({IN_SAMPLE}: fitted on the log it reports, not a held-out prediction). Paper: Eq. 4 / 5 over "
+               "the greedy log's step time.")
+    fig, rows = figure_model_measured(points, f"Published {logs.target} logs: models ({IN_SAMPLE}) against "
+                                      "measured throughput", caption, logs.source)
+    return Drawn(fig, rows, logs.source, f"logs with the {logs.target} target", caption)
+
+
+def _official_speedup_depth(logs: _Logs) -> Drawn:
+    greedy = next((log for log in logs.largest if log.strategy == "greedy"), None)
+    if greedy is None:
+        raise LookupError(f"no greedy log of {logs.target}")
+    base = official.pooled_ms_per_token(greedy)
+    points = [(official.STRATEGY_NAMES[log.strategy], _log_label(log), len(log.model_names),
+               base / official.pooled_ms_per_token(log), log.path.name) for log in logs.speculative]
+    caption = f"Pooled speedup over the greedy {logs.target} log ({greedy.path.name}) against the number of models."
+    fig, rows = figure_speedup_depth(points, f"Speedup against depth (published logs, {logs.target} target)",
+                                     caption, logs.source)
+    return Drawn(fig, rows, logs.source, f"logs with the {logs.target} target", caption)
+
+
+# each official figure, by name, from the logs
+OFFICIAL_FIGURES: dict[str, Callable[[_Logs], Drawn]] = {
+    "fig3_accepted_histogram": _official_fig3, "fig4_lookahead": _official_fig4,
+    "fig5_gpu_utilisation": _official_fig5, "rho_alpha": _official_rho_alpha,
+    "model_measured": _official_model_measured, "speedup_depth": _official_speedup_depth,
+}
+
+
 def official_figures(logs: Sequence[official.OfficialLog], directory: Path) -> dict[str, Callable[[], Drawn]]:
     """Figure builders from the logs (each a thunk, so a failing one does not stop the others)."""
     directory = official.log_dir(directory)
-    source = [f"{_shown(directory)} (the authors' published HumanEval logs, 4x A100)"]
-    largest = wallclock.largest_target_logs(logs)
-    target = largest[0].model_names[-1] if largest else ""
-    builders: dict[str, Callable[[], Drawn]] = {}
-
-    def fig3():
-        chains = sorted({log.model_names for log in largest if log.strategy != "greedy"},
-                        key=lambda m: (len(m), m))
-        panels = [(",".join(models), [(f"{DISPLAY[log.strategy]} (L={log.lookahead})", wallclock.STRATEGY_NAMES[
-            log.strategy], _final_counts(log)) for log in sorted(largest, key=lambda g: g.strategy != "chain")
-            if log.model_names == models and log.strategy != "greedy"]) for models in chains]
-        times = [(f"{DISPLAY[log.strategy]} {_log_label(log)}", wallclock.STRATEGY_NAMES[log.strategy],
-                  official.pooled_ms_per_token(log))
-                 for log in sorted(largest, key=lambda g: (g.strategy != "greedy", len(g.model_names), g.path.name))]
-        caption = (f"Tokens the {target} target appended per verification (accepted drafts + its own token, as "
-                   "logged), pooled over all samples; bins 1..8 (the SD window), 9-16, 17+. Right: pooled time per "
-                   "token (sum of times / sum of tokens). The logs omit PipeSpec's last verification of each sample.")
-        fig, rows = figure_accepted_histogram(panels, times, f"Fig. 3: accepted tokens per verification "
-                                              f"(published logs, HumanEval, {target} target)", caption, source)
-        return Drawn(fig, rows, source, f"logs with the {target} target", caption)
-
-    def fig4():
-        sweep = [log for log in logs if log not in largest and log.strategy != "greedy"]
-        pairs = sorted({log.model_names for log in sweep})
-        panels = []
-        for models in pairs:
-            series = defaultdict(list)
-            for log in sweep:
-                if log.model_names == models:
-                    series[wallclock.STRATEGY_NAMES[log.strategy]].append(
-                        (log.lookahead, official.pooled_ms_per_token(log), log.path.name))
-            greedy = next((g for g in logs if g.strategy == "greedy" and g.model_names[-1] == models[-1]), None)
-            ar = (greedy.path.name, official.pooled_ms_per_token(greedy)) if greedy is not None else None
-            panels.append((f"{','.join(models)}: lookahead sweep", dict(series), ar))
-        if not panels:
-            raise LookupError("no lookahead sweep among the logs")
-        caption = ("Pooled time per token against lookahead (SD: draft window; PipeSpec: minimum lead a verifier "
-                   "waits for), AR = greedy log of the same target (dashed).")
-        fig, rows = figure_lookahead(panels, "Fig. 4: time per token against lookahead (published logs)",
-                                     caption, source)
-        return Drawn(fig, rows, source, "lookahead sweep logs and the greedy log of their target", caption)
-
-    def fig5():
-        chosen = [log for log in largest if log.strategy == "greedy"]
-        deepest = max((len(log.model_names) for log in largest), default=0)
-        chosen += sorted((log for log in largest if log.strategy != "greedy" and len(log.model_names) == deepest),
-                         key=lambda g: g.strategy != "chain")
-        panels = []
-        for log in chosen:
-            samples = official.gpu_samples(log, 0)
-            if samples:
-                data = gpu_panel_data(samples, official.active_gpus(log), log.samples[0].tokens_generated)
-                panels.append((f"{DISPLAY[log.strategy]} ({_log_label(log)}), sample 0", data,
-                               official.active_gpus(log)))
-        if not panels:
-            raise LookupError("the logs hold no gpustats")
-        caption = ("NVML samples of one sample per log; averages over the GPUs a model was placed on "
-                   "(model_configs[].devices), idle GPUs excluded. Energy per token per active GPU = integral of "
-                   "the mean active-GPU power over the sampled span / tokens of the sample.")
-        fig, rows = figure_gpu_utilisation(panels, f"Fig. 5: utilisation per active GPU, power and energy per "
-                                           f"token (published logs, {target} target, one sample)", caption, source)
-        return Drawn(fig, rows, source, f"greedy and deepest SD / PipeSpec logs of the {target} target, sample 0",
-                     caption)
-
-    def rho_alpha():
-        points = []
-        for log in logs:
-            if log.strategy != "async-chain":
-                continue
-            measured = fit.measure_official(log)
-            alpha = measured.alphas[-1]
-            steps = len(official.step_times(log, len(log.model_names) - 1))
-            rho = len(_final_counts(log)) / steps if steps else math.nan  # only verifications are logged
-            if math.isfinite(alpha):
-                points.append((alpha, min(rho, 1.0), measured.accepted_per_verify[-1],
-                               f"PipeSpec logs ({target if log in largest else 'lookahead sweep'})"))
-        if not points:
-            raise LookupError("no async logs")
-        caption = ("Eq. 3 rho = a / (1 - a^(g+1) + a) per gamma (lines, colour bar), and the async logs: alpha is a "
-                   "lower bound (the logs do not record drafts offered), rho = 1 because only verifications are "
-                   "logged, gamma = mean accepted drafts per verification (a lower bound of drafts offered).")
-        fig, rows = figure_rho_alpha(points, "rho against alpha: Eq. 3 and the published async logs",
-                                     "alpha (per-draft acceptance probability, lower bound)", caption, source)
-        return Drawn(fig, rows, source, "every async-chain (PipeSpec) log", caption)
-
-    def model_measured():
-        rows = wallclock.official_predictions(directory)
-        points = [(1000 / r.measured_ms, 1000 / r.ours_ms, None if r.paper_ms is None else 1000 / r.paper_ms,
-                   f"{DISPLAY[r.strategy]} {','.join(r.models)}", r.file) for r in rows]
-        caption = ("Ours: the simulator (analysis.wallclock) with each log's own mean step times and acceptance "
-                   f"({IN_SAMPLE}: fitted on the log it reports, not a held-out prediction). Paper: Eq. 4 / 5 over "
-                   "the greedy log's step time.")
-        fig, data = figure_model_measured(points, f"Published {target} logs: models ({IN_SAMPLE}) against measured "
-                                          "throughput", caption, source)
-        return Drawn(fig, data, source, f"logs with the {target} target", caption)
-
-    def speedup_depth():
-        greedy = next((log for log in largest if log.strategy == "greedy"), None)
-        if greedy is None:
-            raise LookupError(f"no greedy log of {target}")
-        base = official.pooled_ms_per_token(greedy)
-        points = [(wallclock.STRATEGY_NAMES[log.strategy], _log_label(log), len(log.model_names),
-                   base / official.pooled_ms_per_token(log), log.path.name)
-                  for log in largest if log.strategy != "greedy"]
-        caption = f"Pooled speedup over the greedy {target} log ({greedy.path.name}) against the number of models."
-        fig, rows = figure_speedup_depth(points, f"Speedup against depth (published logs, {target} target)",
-                                         caption, source)
-        return Drawn(fig, rows, source, f"logs with the {target} target", caption)
-
-    builders.update(fig3_accepted_histogram=fig3, fig4_lookahead=fig4, fig5_gpu_utilisation=fig5,
-                    rho_alpha=rho_alpha, model_measured=model_measured, speedup_depth=speedup_depth)
-    return builders
+    largest = official.largest_target_logs(logs)
+    chosen = _Logs(logs, directory, [f"{_shown(directory)} (the authors' published HumanEval logs, 4x A100)"],
+                   largest, largest[0].model_names[-1] if largest else "")
+    return {name: partial(build, chosen) for name, build in OFFICIAL_FIGURES.items()}
 
 
 # --------------------------------------------------------------------------- data: our runs
@@ -626,145 +655,173 @@ def exact_run_sets(runs: Sequence[Run]) -> dict[tuple, list[Run]]:
             if any(r.strategy != "greedy" for r in members)}
 
 
-def ours_figures(runs: Sequence[Run], evaluations: Sequence[wallclock.RunEvaluation] | None = None
+def ours_figures(runs: Sequence[Run], evaluations: Sequence[evaluate.RunEvaluation] | None = None
                  ) -> dict[str, Callable[[], Drawn]]:
     """Figure builders from our exact (lossless), greedy-decoded runs: one set per dataset and budget
     (names get the set's label when there are several). ``evaluations``: precomputed
-    ``wallclock.evaluate_runs`` of (some of) the runs."""
+    ``evaluate.evaluate_runs`` of (some of) the runs."""
     sets = exact_run_sets(runs)
     builders: dict[str, Callable[[], Drawn]] = {}
     for key, members in sets.items():
         suffix = "" if len(sets) == 1 else "_" + "_".join(
             [key[0], f"{key[1][0]}x{key[1][1]}"]).replace("/", "-")
-        for name, build in _ours_set_figures(members, key, evaluations).items():
-            builders[name + suffix] = build
+        run_set = _run_set(members, key, evaluations)
+        for name, build in OURS_FIGURES.items():
+            builders[name + suffix] = partial(build, run_set)
     return builders
 
 
-def _ours_set_figures(members: list[Run], key: tuple, evaluations) -> dict[str, Callable[[], Drawn]]:
-    selection = f"exact (lossless) runs: {describe_run_set(key)}"
-    sources = _run_sources(members)
+@dataclass
+class _RunSet:
+    """One set of our exact runs drawn together (one dataset, budget and decoding: ``run_set_key``), grouped by
+    hierarchy, with the wall-clock evaluation of each run, computed on first use where not given."""
+
+    members: list[Run]
+    selection: str  # which runs, chosen how
+    sources: list[str]  # their folders
+    hierarchies: dict[str, list[Run]]  # hierarchy -> its runs, shallowest hierarchy first
+    known: dict[int, evaluate.RunEvaluation]  # the given evaluations, by id of their run
+    _evaluations: list[evaluate.RunEvaluation] | None = field(default=None, repr=False)
+
+    def evaluated(self) -> list[evaluate.RunEvaluation]:
+        """The evaluation of every member, in order (each not given is computed once, all together)."""
+        if self._evaluations is None:
+            missing = [r for r in self.members if id(r) not in self.known]
+            fresh = {id(e.run): e for e in (evaluate.evaluate_runs(missing) if missing else [])}
+            self._evaluations = [self.known.get(id(r)) or fresh[id(r)] for r in self.members]
+        return self._evaluations
+
+
+def _run_set(members: list[Run], key: tuple, evaluations) -> _RunSet:
+    """The ``_RunSet`` of the runs of one ``run_set_key``; ``evaluations``: precomputed ones of (some of) them."""
     hierarchies: dict[str, list[Run]] = defaultdict(list)
     for run in members:
         hierarchies[run.hierarchy].append(run)
-    hierarchies = dict(sorted(hierarchies.items(), key=lambda kv: (max(r.depth for r in kv[1]), kv[0])))
-    known = {id(e.run): e for e in (evaluations or [])}
-    cache: dict[str, list] = {}
+    ordered = dict(sorted(hierarchies.items(), key=lambda kv: (max(r.depth for r in kv[1]), kv[0])))
+    return _RunSet(members, f"exact (lossless) runs: {describe_run_set(key)}", _run_sources(members), ordered,
+                   {id(e.run): e for e in (evaluations or [])})
 
-    def evaluated() -> list[wallclock.RunEvaluation]:
-        if "evaluations" not in cache:
-            missing = [r for r in members if id(r) not in known]
-            fresh = {id(e.run): e for e in (wallclock.evaluate_runs(missing) if missing else [])}
-            cache["evaluations"] = [known.get(id(r)) or fresh[id(r)] for r in members]
-        return cache["evaluations"]
 
-    def fig3():
-        panels, times = [], []
-        for hierarchy, runs in hierarchies.items():
-            series = []
-            for strategy in ("sd", "pipespec"):
-                run = _best(runs, strategy)
-                if run is not None:
-                    series.append((f"{DISPLAY[strategy]} L={run.lookahead}", strategy, _target_verify_counts(run)))
-                    times.append((f"{DISPLAY[strategy]} L={run.lookahead} {hierarchy}", strategy, run.ms_per_token))
-            if series:
-                ar = greedy_reference(runs[0], members)
-                if ar is not None:
-                    times.insert(len(times) - len(series), (f"AR {hierarchy}", "greedy", ar.ms_per_token))
-                panels.append((hierarchy, series))
-        if not panels:
-            raise LookupError("no sd or pipespec runs")
-        caption = ("Tokens the target appended per verification (accepted drafts + its own token) of the fastest SD "
-                   "and PipeSpec run per hierarchy, all samples; the same bins as the figure of the published logs. Right: time per "
-                   "token of those runs and of their AR run.")
-        fig, rows = figure_accepted_histogram(panels, times, "Fig. 3: accepted tokens per verification (our runs)",
-                                              f"{caption} {selection}.", sources)
-        return Drawn(fig, rows, sources, selection, caption)
+def _ar_line(ar: Run | None) -> tuple[str, float] | None:
+    """The AR line of a time-per-token figure: (source, ms/token) of the greedy reference, None without one."""
+    return (_shown(ar.path), ar.ms_per_token) if ar is not None else None
 
-    def fig4():
-        panels = []
-        for hierarchy, runs in hierarchies.items():
-            series = defaultdict(list)
-            for run in runs:
-                if run.strategy in ("sd", "pipespec"):
-                    series[run.strategy].append((run.lookahead, run.ms_per_token, _shown(run.path)))
-            if any(len(v) >= 2 for v in series.values()):
-                ar = greedy_reference(next(r for r in runs if r.strategy != "greedy"), members)
-                panels.append((hierarchy, dict(series),
-                               (_shown(ar.path), ar.ms_per_token) if ar is not None else None))
-        if not panels:
-            raise LookupError("no strategy was run at two or more lookaheads")
-        caption = ("Time per token against lookahead per hierarchy (SD: draft window; PipeSpec: minimum lead), AR "
-                   "dashed: the greedy run of the same target, dataset and budget.")
-        fig, rows = figure_lookahead(panels, "Fig. 4: time per token against lookahead (our runs)",
-                                     f"{caption} {selection}.", sources)
-        return Drawn(fig, rows, sources, selection, caption)
 
-    def fig5():
-        deepest = max(members, key=lambda r: (r.strategy == "pipespec", r.depth, r.hierarchy))
-        runs = hierarchies[deepest.hierarchy]
-        panels = []
-        for strategy in ("greedy", "sd", "pipespec"):
-            run = _best(runs, strategy) if strategy != "greedy" else greedy_reference(deepest, members)
-            if run is not None and run.samples:
-                panels.append((f"{DISPLAY[strategy]}: {run.label}, sample {run.samples[0].get('sample_id', 0)}",
-                               run.traces(0)))
-        if not panels:
-            raise LookupError("no traces")
-        caption = (f"Per-stage busy timeline of the first sample (one bar per step), fastest run per strategy of "
-                   f"{deepest.hierarchy}; {NO_ENERGY}.")
-        fig, rows = figure_timeline(panels, f"Fig. 5 analogue: stage activity over one sample (our runs, "
-                                    f"{deepest.hierarchy})", f"{caption} {selection}.", sources)
-        return Drawn(fig, rows, sources, selection, caption, {"energy": NO_ENERGY})
-
-    def rho_alpha():
-        points = []
-        for evaluation in evaluated():
-            if evaluation.run.strategy == "greedy":
-                continue
-            for pair in evaluation.measurement.pairs:
-                if pair.alpha is not None and pair.verify_steps:
-                    points.append((pair.alpha.alpha, pair.rho, pair.gamma,
-                                   f"{DISPLAY[evaluation.run.strategy]}, verifier {pair.verifier}"))
-        if not points:
-            raise LookupError("no verifications")
-        caption = ("Eq. 3 per gamma (lines, colour bar) and every verifying pair of our runs: alpha = censored MLE "
-                   "from offered / accepted drafts, rho = measured share of the verifier's steps that verified, "
-                   "gamma = measured mean drafts offered per verification (colour).")
-        fig, rows = figure_rho_alpha(points, "rho against alpha: Eq. 3 and our runs",
-                                     "alpha (per-draft acceptance probability, MLE)", f"{caption} {selection}.",
-                                     sources)
-        return Drawn(fig, rows, sources, selection, caption)
-
-    def model_measured():
-        points = [(e.measured_tokens_per_s, e.ours.tokens_per_s, e.paper_tokens_per_s, e.run.label,
-                   _shown(e.run.path)) for e in evaluated()]
-        caption = (f"Ours: analysis.wallclock, an {IN_SAMPLE} (step costs, contention and acceptance fitted on the "
-                   "very run it reports: not a held-out prediction, see analysis.validate). Paper: Eq. 4 / 5 over one "
-                   "target step of the same run.")
-        fig, rows = figure_model_measured(points, f"Our runs: models ({IN_SAMPLE}) against measured throughput",
-                                          f"{caption} {selection}.", sources)
-        return Drawn(fig, rows, sources, selection, caption)
-
-    def speedup_depth():
-        points = []
-        for run in members:
-            if run.strategy == "greedy":
-                continue
-            ar = greedy_reference(run, members)
+def _ours_fig3(runs: _RunSet) -> Drawn:
+    panels, times = [], []
+    for hierarchy, mine in runs.hierarchies.items():
+        series = []
+        for strategy in ("sd", "pipespec"):
+            run = _best(mine, strategy)
+            if run is not None:
+                series.append((f"{DISPLAY[strategy]} L={run.lookahead}", strategy, _target_verify_counts(run)))
+                times.append((f"{DISPLAY[strategy]} L={run.lookahead} {hierarchy}", strategy, run.ms_per_token))
+        if series:
+            ar = greedy_reference(mine[0], runs.members)
             if ar is not None:
-                points.append((run.strategy, run.hierarchy, run.depth, run.tokens_per_s / ar.tokens_per_s,
-                               _shown(run.path)))
-        if not points:
-            raise LookupError("no greedy reference for the speculative runs")
-        caption = ("Speedup (tokens/s over the AR run of the same target, dataset and budget) of every run against "
-                   "the number of stages; lines through the best run per depth.")
-        fig, rows = figure_speedup_depth(points, "Speedup against depth (our runs)", f"{caption} {selection}.",
-                                         sources)
-        return Drawn(fig, rows, sources, selection, caption)
+                times.insert(len(times) - len(series), (f"AR {hierarchy}", "greedy", ar.ms_per_token))
+            panels.append((hierarchy, series))
+    if not panels:
+        raise LookupError("no sd or pipespec runs")
+    caption = ("Tokens the target appended per verification (accepted drafts + its own token) of the fastest SD "
+               "and PipeSpec run per hierarchy, all samples; the same bins as the figure of the published logs. Right: time per "
+               "token of those runs and of their AR run.")
+    fig, rows = figure_accepted_histogram(panels, times, "Fig. 3: accepted tokens per verification (our runs)",
+                                          f"{caption} {runs.selection}.", runs.sources)
+    return Drawn(fig, rows, runs.sources, runs.selection, caption)
 
-    return dict(fig3_accepted_histogram=fig3, fig4_lookahead=fig4, fig5_timeline=fig5, rho_alpha=rho_alpha,
-                model_measured=model_measured, speedup_depth=speedup_depth)
+
+def _ours_fig4(runs: _RunSet) -> Drawn:
+    panels = []
+    for hierarchy, mine in runs.hierarchies.items():
+        series = defaultdict(list)
+        for run in mine:
+            if run.strategy in ("sd", "pipespec"):
+                series[run.strategy].append((run.lookahead, run.ms_per_token, _shown(run.path)))
+        if any(len(v) >= 2 for v in series.values()):
+            ar = greedy_reference(next(r for r in mine if r.strategy != "greedy"), runs.members)
+            panels.append((hierarchy, dict(series), _ar_line(ar)))
+    if not panels:
+        raise LookupError("no strategy was run at two or more lookaheads")
+    caption = ("Time per token against lookahead per hierarchy (SD: draft window; PipeSpec: minimum lead), AR "
+               "dashed: the greedy run of the same target, dataset and budget.")
+    fig, rows = figure_lookahead(panels, "Fig. 4: time per token against lookahead (our runs)",
+                                 f"{caption} {runs.selection}.", runs.sources)
+    return Drawn(fig, rows, runs.sources, runs.selection, caption)
+
+
+def _ours_fig5(runs: _RunSet) -> Drawn:
+    deepest = max(runs.members, key=lambda r: (r.strategy == "pipespec", r.depth, r.hierarchy))
+    mine = runs.hierarchies[deepest.hierarchy]
+    panels = []
+    for strategy in ("greedy", "sd", "pipespec"):
+        run = _best(mine, strategy) if strategy != "greedy" else greedy_reference(deepest, runs.members)
+        if run is not None and run.samples:
+            panels.append((f"{DISPLAY[strategy]}: {run.label}, sample {run.samples[0].get('sample_id', 0)}",
+                           run.traces(0)))
+    if not panels:
+        raise LookupError("no traces")
+    caption = (f"Per-stage busy timeline of the first sample (one bar per step), fastest run per strategy of "
+               f"{deepest.hierarchy}; {NO_ENERGY}.")
+    fig, rows = figure_timeline(panels, f"Fig. 5 analogue: stage activity over one sample (our runs, "
+                                f"{deepest.hierarchy})", f"{caption} {runs.selection}.", runs.sources)
+    return Drawn(fig, rows, runs.sources, runs.selection, caption, {"energy": NO_ENERGY})
+
+
+def _ours_rho_alpha(runs: _RunSet) -> Drawn:
+    points = []
+    for evaluation in runs.evaluated():
+        if evaluation.run.strategy == "greedy":
+            continue
+        for pair in evaluation.measurement.pairs:
+            if pair.alpha is not None and pair.verify_steps:
+                points.append((pair.alpha.alpha, pair.rho, pair.gamma,
+                               f"{DISPLAY[evaluation.run.strategy]}, verifier {pair.verifier}"))
+    if not points:
+        raise LookupError("no verifications")
+    caption = ("Eq. 3 per gamma (lines, colour bar) and every verifying pair of our runs: alpha = censored MLE "
+               "from offered / accepted drafts, rho = measured share of the verifier's steps that verified, "
+               "gamma = measured mean drafts offered per verification (colour).")
+    fig, rows = figure_rho_alpha(points, "rho against alpha: Eq. 3 and our runs",
+                                 "alpha (per-draft acceptance probability, MLE)", f"{caption} {runs.selection}.",
+                                 runs.sources)
+    return Drawn(fig, rows, runs.sources, runs.selection, caption)
+
+
+def _ours_model_measured(runs: _RunSet) -> Drawn:
+    points = [(e.measured_tokens_per_s, e.ours.tokens_per_s, e.paper_tokens_per_s, e.run.label,
+               _shown(e.run.path)) for e in runs.evaluated()]
+    caption = (f"Ours: analysis.evaluate, an {IN_SAMPLE} (step costs, contention and acceptance fitted on the "
+               "very run it reports: not a held-out prediction, see analysis.validate). Paper: Eq. 4 / 5 over one "
+               "target step of the same run.")
+    fig, rows = figure_model_measured(points, f"Our runs: models ({IN_SAMPLE}) against measured throughput",
+                                      f"{caption} {runs.selection}.", runs.sources)
+    return Drawn(fig, rows, runs.sources, runs.selection, caption)
+
+
+def _ours_speedup_depth(runs: _RunSet) -> Drawn:
+    points = []
+    for run in runs.members:
+        if run.strategy == "greedy":
+            continue
+        ar = greedy_reference(run, runs.members)
+        if ar is not None:
+            points.append((run.strategy, run.hierarchy, run.depth, run.tokens_per_s / ar.tokens_per_s,
+                           _shown(run.path)))
+    if not points:
+        raise LookupError("no greedy reference for the speculative runs")
+    caption = ("Speedup (tokens/s over the AR run of the same target, dataset and budget) of every run against "
+               "the number of stages; lines through the best run per depth.")
+    fig, rows = figure_speedup_depth(points, "Speedup against depth (our runs)", f"{caption} {runs.selection}.",
+                                     runs.sources)
+    return Drawn(fig, rows, runs.sources, runs.selection, caption)
+
+
+# each figure of a set of our runs, by name
+OURS_FIGURES: dict[str, Callable[[_RunSet], Drawn]] = {
+    "fig3_accepted_histogram": _ours_fig3, "fig4_lookahead": _ours_fig4, "fig5_timeline": _ours_fig5,
+    "rho_alpha": _ours_rho_alpha, "model_measured": _ours_model_measured, "speedup_depth": _ours_speedup_depth,
+}
 
 
 def synthetic_figures(runs: Sequence[Run]) -> dict[str, Callable[[], Drawn]]:
@@ -790,7 +847,7 @@ def synthetic_figures(runs: Sequence[Run]) -> dict[str, Callable[[], Drawn]]:
                        f"from greedy decoding); {lookaheads}. AR: the exact greedy run of the same target, dataset "
                        "and budget. Right: accepted / offered counts drafts offered after a rejection too, so it "
                        "sits below the set per-draft probability.")
-            fig, rows = figure_synthetic(dict(series), (_shown(ar.path), ar.ms_per_token) if ar is not None else None,
+            fig, rows = figure_synthetic(dict(series), _ar_line(ar),
                                          f"Time per token against a set acceptance rate: {SYNTHETIC_LABEL}, {hierarchy}",
                                          f"{caption} {selection}.", sources)
             return Drawn(fig, rows, sources, selection, caption)
@@ -831,16 +888,26 @@ def png_bytes(fig: plt.Figure) -> bytes:
     return buffer.getvalue()
 
 
+def drawn_figures(builders: dict[str, Callable[[], Drawn]]
+                  ) -> Iterator[tuple[str, Drawn | None, Exception | None]]:
+    """Each figure built in ``STYLE``, one at a time and in order, as (name, figure, None), or as
+    (name, None, why) when its data is missing; the caller saves it (outside the style)."""
+    for name, build in builders.items():
+        try:
+            with plt.rc_context(STYLE):
+                drawn, reason = build(), None
+        except (LookupError, ValueError, ResultsError, official.OfficialLogError) as error:
+            drawn, reason = None, error
+        yield name, drawn, reason
+
+
 def render(builders: dict[str, Callable[[], Drawn]], source: str, out: Path, notes: list[str],
            manifest: list[dict]) -> list[Path]:
     """Build and save each figure; a figure whose data is missing becomes a note."""
     written = []
-    for name, build in builders.items():
+    for name, drawn, reason in drawn_figures(builders):
         full = f"{name}_{source}"
-        try:
-            with plt.rc_context(STYLE):
-                drawn = build()
-        except (LookupError, ValueError, ResultsError, official.OfficialLogError) as reason:
+        if drawn is None:
             notes.append(f"skipped {full}: {reason}")
             continue
         written += save_figure(drawn, out, full)

@@ -9,8 +9,8 @@ logs (``analysis.import_official``) this module estimates, per adjacent pair
   probability alpha until the first rejection, so a verification that accepts
   j of n offered drafts has likelihood alpha^j (1 - alpha) if j < n, alpha^n if
   j = n. The MLE is S / (S + F), S = drafts accepted, F = verifications that
-  ended in a rejection (``import_official.estimate_alpha`` with the offered
-  counts as window); its standard error comes from the observed information.
+  ended in a rejection (``estimate_alpha`` with the offered counts as
+  window); its standard error comes from the observed information.
 - ``rho``: verifications / (verifications + single-token steps) of the verifier.
 - ``gamma``: the effective window, mean drafts offered per verification.
 - tokens per step: tokens the verifier appended / its steps (Eq. 1 / 4's quantity).
@@ -46,7 +46,6 @@ import numpy as np
 
 from analysis import import_official as official
 from analysis import paper_model as pm
-from analysis.simulate import StageCost
 from pipespec.stats import StageStats
 from pipespec.trace import StageTrace
 
@@ -58,6 +57,7 @@ __all__ = [
     "Measurement",
     "Comparison",
     "OfficialMeasurement",
+    "estimate_alpha",
     "fit_alpha",
     "fit_two_rates",
     "fit_step_cost",
@@ -77,6 +77,46 @@ LOOKUP_COST_S = 1e-4  # a prompt-lookup proposal takes microseconds; a floor kee
 
 
 # --------------------------------------------------------------------------- alpha
+
+
+def estimate_alpha(counts: Iterable[int], window: int | Sequence[int] | None = None) -> float:
+    """Per-token acceptance rate alpha estimated from logged accepted counts.
+
+    Assumption: every draft token is accepted independently with probability
+    alpha, and a logged count k (>= 1) is j + 1, where j = drafts accepted and
+    the + 1 is the verifier's own token. So j is geometric, truncated at the
+    number of drafts offered.
+
+    - ``window`` given (drafts offered per verification; one int, or one value
+      per count): a verification with j >= window accepted everything offered
+      and shows no rejection (censored). The maximum-likelihood estimate is
+      alpha = S / (S + F), S = sum of j (accepted trials), F = number of
+      verifications with j < window (observed rejections).
+    - ``window`` None (offered count unknown, as in the async logs): every
+      verification is taken to end in a rejection, alpha = mean(j) / (mean(j) + 1).
+      This is a LOWER bound: verifications that ran out of drafts are
+      counted as rejections.
+    """
+    counts = [int(k) for k in counts]
+    if not counts:
+        raise ValueError("counts must not be empty")
+    if any(k < 1 for k in counts):
+        raise ValueError("counts must be >= 1 (they include the verifier's own token)")
+    if window is None:
+        windows = [math.inf] * len(counts)
+    elif isinstance(window, (int, float)):
+        windows = [window] * len(counts)
+    else:
+        windows = list(window)
+        if len(windows) != len(counts):
+            raise ValueError(f"window has {len(windows)} values for {len(counts)} counts")
+    if any(w < 0 for w in windows):
+        raise ValueError("window must be >= 0")
+    accepted = sum(k - 1 for k in counts)
+    rejections = sum(1 for k, w in zip(counts, windows) if k - 1 < w)
+    if accepted + rejections == 0:
+        raise ValueError("counts carry no information on alpha (window 0)")
+    return accepted / (accepted + rejections)
 
 
 @dataclass(frozen=True)
@@ -104,7 +144,7 @@ def fit_alpha(accepted: Sequence[int], offered: Sequence[int]) -> AlphaFit:
         raise ValueError("no verification offered any draft")
     if any(j < 0 or j > n for j, n in rows):
         raise ValueError("accepted must lie in [0, offered] on every row")
-    alpha = official.estimate_alpha([j + 1 for j, _ in rows], window=[n for _, n in rows])
+    alpha = estimate_alpha([j + 1 for j, _ in rows], window=[n for _, n in rows])
     successes = sum(j for j, _ in rows)
     failures = sum(1 for j, n in rows if j < n)
     # observed information of S log a + F log(1 - a)
@@ -171,21 +211,6 @@ class CostFit:
     def identifiable(self) -> bool:
         """False when all steps fed the same n: then per_token is set to 0 and t(n) is flat."""
         return self.max_fed > self.min_fed
-
-    def stage_cost(self, extra_fixed: float = 0.0) -> StageCost:
-        """The simulator's StageCost, with ``extra_fixed`` seconds added to every step (e.g. overhead).
-
-        A negative intercept (possible with noisy data) is moved into the slope
-        so that t(1) is kept and t(n) stays >= 0.
-        """
-        fixed, per_token = self.fixed + extra_fixed, self.per_token
-        if fixed < 0:
-            per_token, fixed = per_token + fixed, 0.0
-        if per_token < 0:  # t decreasing in n is noise: keep the mean one-token cost
-            fixed, per_token = fixed + per_token, 0.0
-        if fixed + per_token <= 0:
-            fixed = LOOKUP_COST_S
-        return StageCost(fixed, per_token)
 
 
 MIN_GAPS = 10  # free gaps needed to time a stage's own per-step overhead
@@ -403,6 +428,133 @@ def _handoffs(traces: Sequence[StageTrace]) -> list[float]:
     return latencies
 
 
+@dataclass
+class _StageSteps:
+    """One stage's steps pooled over samples, as ``measure_traces`` collects them."""
+
+    fed: list[int] = field(default_factory=list)  # decode steps after the prefill: tokens fed to the model
+    sec: list[float] = field(default_factory=list)  # their durations
+    others: list[float] = field(default_factory=list)  # other model stages computing during each (time weighted)
+    single: list[float] = field(default_factory=list)  # durations of the one-token steps among them
+    prefill_fed: list[int] = field(default_factory=list)  # per sample, the first model step
+    prefill_sec: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)  # free gaps between own steps (``_free_gaps``)
+    counts: StageStats = field(default_factory=StageStats)
+    proposals: int = 0  # prompt lookup: proposals made
+    lookup: bool = True  # every sample's trace so far was a prompt lookup's (or empty)
+    kinds: list[str] = field(default_factory=list)  # every step: kind, offered, accepted, starts a run
+    offered: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    fresh: list[bool] = field(default_factory=list)
+
+    def add(self, stage: int, traces: Sequence[StageTrace], sample_new: int) -> None:
+        """Add the steps of ``traces[stage]``, one sample's trace of this stage."""
+        trace = traces[stage]
+        steps = trace.steps
+        durations = _durations(trace)
+        self.counts += StageStats.from_trace(trace, sample_new)
+        self.lookup = self.lookup and (_is_lookup(trace) or not steps["kind"])
+        self.kinds.extend(steps["kind"])
+        self.offered.extend(steps["offered"])
+        self.accepted.extend(steps["accepted"])
+        self.fresh.extend(_starts_run(steps))
+        if _is_lookup(trace):
+            self.proposals += len(durations)
+        model_rows = [r for r, f in enumerate(steps["fed"]) if f > 0]
+        if model_rows:
+            overlap = _overlap(stage, traces)
+            first = model_rows[0]  # the prompt prefill (plus any drafts verified with it)
+            self.prefill_fed.append(steps["fed"][first])
+            self.prefill_sec.append(durations[first])
+            for r in model_rows[1:]:
+                self.fed.append(steps["fed"][r])
+                self.sec.append(durations[r])
+                self.others.append(overlap[r])
+                if steps["fed"][r] == 1 and steps["offered"][r] == 0 and steps["kind"][r] != "draft":
+                    self.single.append(durations[r])
+        self.gaps.extend(_free_gaps(stage, traces))
+
+    def stage_fit(self, name: str, pooled_overhead: float) -> StageFit:
+        """The pooled steps as a ``StageFit``: kind, t(n) fit, prefill cost, per-step overhead."""
+        kind = "lookup" if self.lookup and self.counts.steps else "model"
+        cost = fit_step_cost(self.fed, self.sec, self.others) if self.fed and kind == "model" else None
+        prefill_tokens = sum(self.prefill_fed)
+        return StageFit(
+            name=name,
+            kind=kind,
+            counts=self.counts,
+            cost=cost,
+            prefill_s_per_token=sum(self.prefill_sec) / prefill_tokens if prefill_tokens else None,
+            prefill_s=float(np.mean(self.prefill_sec)) if self.prefill_sec else 0.0,
+            step_overhead_s=float(median(self.gaps)) if len(self.gaps) >= MIN_GAPS else pooled_overhead,
+            proposals=self.proposals,
+            single_steps=len(self.single),
+            single_step_s=float(np.mean(self.single)) if self.single else math.nan,
+        )
+
+
+@dataclass
+class _SampleTotals:
+    """Per-sample figures and latencies, as ``measure_traces`` collects them."""
+
+    tokens: int = 0
+    time_s: float = 0.0
+    prompt_tokens: int = 0
+    sample_tokens: list[int] = field(default_factory=list)
+    sample_times: list[float] = field(default_factory=list)
+    sample_prompts: list[int] = field(default_factory=list)
+    handoffs: list[float] = field(default_factory=list)
+    dispatch: list[float] = field(default_factory=list)
+
+    def add(self, row: dict | None, traces: Sequence[StageTrace], sample_new: int) -> None:
+        target = traces[-1]
+        self.handoffs.extend(_handoffs(traces))
+        sample_time = float(row["time_s"]) if row and "time_s" in row else target.end_time - target.start_time
+        sample_prompt = int(row.get("prompt_tokens") or 0) if row else 0
+        self.dispatch.append(max(sample_time - (target.end_time - target.start_time), 0.0))
+        self.tokens += sample_new
+        self.time_s += sample_time
+        self.prompt_tokens += sample_prompt
+        self.sample_tokens.append(sample_new)
+        self.sample_times.append(sample_time)
+        self.sample_prompts.append(sample_prompt)
+
+
+def _sample_new_tokens(row: dict | None, traces: Sequence[StageTrace]) -> int:
+    """Output tokens of one sample: its row's new_tokens, else the tokens the target appended."""
+    return int(row["new_tokens"]) if row and "new_tokens" in row else sum(traces[-1].steps["produced"])
+
+
+def _collect(
+    samples: Iterable[tuple[dict | None, Sequence[StageTrace]]],
+) -> tuple[list[str], list[_StageSteps], _SampleTotals]:
+    """Pool the samples' traces per stage: (stage names, per-stage steps, per-sample totals)."""
+    names: list[str] = []
+    per_stage: list[_StageSteps] | None = None
+    totals = _SampleTotals()
+    for row, traces in samples:
+        traces = list(traces)
+        if per_stage is None:
+            per_stage = [_StageSteps() for _ in traces]
+            names = [t.name for t in traces]
+        if len(traces) != len(per_stage):
+            raise ValueError(f"a sample has {len(traces)} stage traces, an earlier one {len(per_stage)}")
+        sample_new = _sample_new_tokens(row, traces)
+        for i, steps in enumerate(per_stage):
+            steps.add(i, traces, sample_new)
+        totals.add(row, traces, sample_new)
+    if per_stage is None:
+        raise ValueError("no samples")
+    return names, per_stage, totals
+
+
+def _set_supply(stages: Sequence[StageFit]) -> None:
+    """A lookup stage's supply: every step of the next stage commits to it, and it then proposes if it finds a match."""
+    for stage, successor in zip(stages, stages[1:]):
+        if stage.kind == "lookup" and successor.steps:
+            stage.supply = min(stage.proposals / successor.steps, 1.0)
+
+
 def measure_traces(samples: Iterable[tuple[dict | None, Sequence[StageTrace]]]) -> Measurement:
     """Pool per-sample stage traces into a ``Measurement``.
 
@@ -410,106 +562,24 @@ def measure_traces(samples: Iterable[tuple[dict | None, Sequence[StageTrace]]]) 
     new_tokens, time_s and prompt_tokens where present, else they come from the
     traces (tokens appended by the target, the target's wall time).
     """
-    per_stage: list[dict] | None = None
-    names: list[str] = []
-    tokens = prompt_tokens = n_samples = 0
-    time_s = 0.0
-    sample_tokens: list[int] = []
-    sample_times: list[float] = []
-    sample_prompts: list[int] = []
-    handoffs: list[float] = []
-    dispatch: list[float] = []
-    for row, traces in samples:
-        traces = list(traces)
-        if per_stage is None:
-            per_stage = [
-                {"fed": [], "sec": [], "others": [], "single": [], "prefill_fed": [], "prefill_sec": [], "gaps": [],
-                 "counts": StageStats(), "proposals": 0, "lookup": True, "kinds": [], "offered": [], "accepted": [],
-                 "fresh": []}
-                for _ in traces
-            ]
-            names = [t.name for t in traces]
-        if len(traces) != len(per_stage):
-            raise ValueError(f"a sample has {len(traces)} stage traces, an earlier one {len(per_stage)}")
-        target = traces[-1]
-        sample_new = int(row["new_tokens"]) if row and "new_tokens" in row else sum(target.steps["produced"])
-        for i, trace in enumerate(traces):
-            acc = per_stage[i]
-            steps = trace.steps
-            durations = _durations(trace)
-            acc["counts"] += StageStats.from_trace(trace, sample_new)
-            acc["lookup"] = acc["lookup"] and (_is_lookup(trace) or not steps["kind"])
-            acc["kinds"].extend(steps["kind"])
-            acc["offered"].extend(steps["offered"])
-            acc["accepted"].extend(steps["accepted"])
-            acc["fresh"].extend(_starts_run(steps))
-            if _is_lookup(trace):
-                acc["proposals"] += len(durations)
-            model_rows = [r for r, f in enumerate(steps["fed"]) if f > 0]
-            overlap = _overlap(i, traces) if model_rows else []
-            if model_rows:
-                first = model_rows[0]  # the prompt prefill (plus any drafts verified with it)
-                acc["prefill_fed"].append(steps["fed"][first])
-                acc["prefill_sec"].append(durations[first])
-                for r in model_rows[1:]:
-                    acc["fed"].append(steps["fed"][r])
-                    acc["sec"].append(durations[r])
-                    acc["others"].append(overlap[r])
-                    if steps["fed"][r] == 1 and steps["offered"][r] == 0 and steps["kind"][r] != "draft":
-                        acc["single"].append(durations[r])
-            acc["gaps"].extend(_free_gaps(i, traces))
-        handoffs.extend(_handoffs(traces))
-        sample_time = float(row["time_s"]) if row and "time_s" in row else target.end_time - target.start_time
-        sample_prompt = int(row.get("prompt_tokens") or 0) if row else 0
-        dispatch.append(max(sample_time - (target.end_time - target.start_time), 0.0))
-        tokens += sample_new
-        time_s += sample_time
-        prompt_tokens += sample_prompt
-        n_samples += 1
-        sample_tokens.append(sample_new)
-        sample_times.append(sample_time)
-        sample_prompts.append(sample_prompt)
-    if per_stage is None:
-        raise ValueError("no samples")
+    names, per_stage, totals = _collect(samples)
     # a stage with few free gaps (a verifier that mostly waits) borrows the pooled median: it is a machine constant
-    pooled_gaps = [g for acc in per_stage for g in acc["gaps"]]
+    pooled_gaps = [g for steps in per_stage for g in steps.gaps]
     pooled_overhead = float(median(pooled_gaps)) if pooled_gaps else 0.0
-    stages = []
-    for name, acc in zip(names, per_stage):
-        kind = "lookup" if acc["lookup"] and acc["counts"].steps else "model"
-        cost = fit_step_cost(acc["fed"], acc["sec"], acc["others"]) if acc["fed"] and kind == "model" else None
-        prefill_tokens = sum(acc["prefill_fed"])
-        stages.append(
-            StageFit(
-                name=name,
-                kind=kind,
-                counts=acc["counts"],
-                cost=cost,
-                prefill_s_per_token=sum(acc["prefill_sec"]) / prefill_tokens if prefill_tokens else None,
-                prefill_s=float(np.mean(acc["prefill_sec"])) if acc["prefill_sec"] else 0.0,
-                step_overhead_s=float(median(acc["gaps"])) if len(acc["gaps"]) >= MIN_GAPS else pooled_overhead,
-                proposals=acc["proposals"],
-                single_steps=len(acc["single"]),
-                single_step_s=float(np.mean(acc["single"])) if acc["single"] else math.nan,
-            )
-        )
-    for stage, successor in zip(stages, stages[1:]):
-        if stage.kind == "lookup" and successor.steps:
-            # every step of the next stage commits to the lookup, which then proposes if it finds a match
-            stage.supply = min(stage.proposals / successor.steps, 1.0)
-    pairs = [_pair_stats(names[i - 1], names[i], per_stage[i]) for i in range(1, len(per_stage))]
+    stages = [steps.stage_fit(name, pooled_overhead) for name, steps in zip(names, per_stage)]
+    _set_supply(stages)
     return Measurement(
         stages=stages,
-        pairs=pairs,
-        tokens=tokens,
-        time_s=time_s,
-        samples=n_samples,
-        prompt_tokens=prompt_tokens,
-        handoff_s=float(median(handoffs)) if handoffs else 0.0,
-        dispatch_s=float(np.mean(dispatch)) if dispatch else 0.0,
-        sample_tokens=sample_tokens,
-        sample_time_s=sample_times,
-        sample_prompt_tokens=sample_prompts,
+        pairs=[_pair_stats(names[i - 1], names[i], per_stage[i]) for i in range(1, len(per_stage))],
+        tokens=totals.tokens,
+        time_s=totals.time_s,
+        samples=len(totals.sample_tokens),
+        prompt_tokens=totals.prompt_tokens,
+        handoff_s=float(median(totals.handoffs)) if totals.handoffs else 0.0,
+        dispatch_s=float(np.mean(totals.dispatch)) if totals.dispatch else 0.0,
+        sample_tokens=totals.sample_tokens,
+        sample_time_s=totals.sample_times,
+        sample_prompt_tokens=totals.sample_prompts,
     )
 
 
@@ -523,13 +593,13 @@ def _starts_run(steps: dict) -> list[bool]:
     return fresh
 
 
-def _pair_stats(drafter: str, verifier: str, acc: dict) -> PairStats:
-    counts: StageStats = acc["counts"]
-    rows = [r for r, k in enumerate(acc["kinds"]) if k == "verify"]
-    accepted = [acc["accepted"][r] for r in rows]
-    offered = [acc["offered"][r] for r in rows]
+def _pair_stats(drafter: str, verifier: str, verifier_steps: _StageSteps) -> PairStats:
+    counts = verifier_steps.counts
+    rows = [r for r, k in enumerate(verifier_steps.kinds) if k == "verify"]
+    accepted = [verifier_steps.accepted[r] for r in rows]
+    offered = [verifier_steps.offered[r] for r in rows]
     steps = counts.verify_steps + counts.single_steps
-    fresh = [acc["fresh"][r] for r in rows]
+    fresh = [verifier_steps.fresh[r] for r in rows]
     first, later = fit_two_rates(accepted, offered, fresh) if sum(offered) > 0 else (math.nan, math.nan)
 
     def nan_if_none(value):
@@ -604,7 +674,7 @@ def measure_official(log: official.OfficialLog) -> OfficialMeasurement:
         counts = official.accepted_counts(log, pair)
         window = official_window(log, pair)
         try:
-            alphas.append(official.estimate_alpha(counts, window))
+            alphas.append(estimate_alpha(counts, window))
         except ValueError:  # a window of 0 drafts says nothing about alpha
             alphas.append(math.nan)
         lower.append(window is None)

@@ -34,7 +34,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 __all__ = [
     "OfficialLogError",
@@ -48,7 +48,8 @@ __all__ = [
     "accepted_counts",
     "step_times",
     "sync_window",
-    "estimate_alpha",
+    "STRATEGY_NAMES",
+    "largest_target_logs",
     "summarize_log",
     "summarize_logs",
     "import_dir",
@@ -58,6 +59,7 @@ __all__ = [
 ]
 
 STRATEGIES = ("greedy", "chain", "async-chain")
+STRATEGY_NAMES = {"greedy": "greedy", "chain": "sd", "async-chain": "pipespec"}  # ours, for each logged strategy
 
 
 class OfficialLogError(ValueError):
@@ -335,46 +337,6 @@ def sync_window(log: OfficialLog, pair: int = 0) -> int | None:
     return None
 
 
-def estimate_alpha(counts: Iterable[int], window: int | Sequence[int] | None = None) -> float:
-    """Per-token acceptance rate alpha estimated from logged accepted counts.
-
-    Assumption: every draft token is accepted independently with probability
-    alpha, and a logged count k (>= 1) is j + 1, where j = drafts accepted and
-    the + 1 is the verifier's own token. So j is geometric, truncated at the
-    number of drafts offered.
-
-    - ``window`` given (drafts offered per verification; one int, or one value
-      per count): a verification with j >= window accepted everything offered
-      and shows no rejection (censored). The maximum-likelihood estimate is
-      alpha = S / (S + F), S = sum of j (accepted trials), F = number of
-      verifications with j < window (observed rejections).
-    - ``window`` None (offered count unknown, as in the async logs): every
-      verification is taken to end in a rejection, alpha = mean(j) / (mean(j) + 1).
-      This is a LOWER bound: verifications that ran out of drafts are
-      counted as rejections.
-    """
-    counts = [int(k) for k in counts]
-    if not counts:
-        raise ValueError("counts must not be empty")
-    if any(k < 1 for k in counts):
-        raise ValueError("counts must be >= 1 (they include the verifier's own token)")
-    if window is None:
-        windows = [math.inf] * len(counts)
-    elif isinstance(window, (int, float)):
-        windows = [window] * len(counts)
-    else:
-        windows = list(window)
-        if len(windows) != len(counts):
-            raise ValueError(f"window has {len(windows)} values for {len(counts)} counts")
-    if any(w < 0 for w in windows):
-        raise ValueError("window must be >= 0")
-    accepted = sum(k - 1 for k in counts)
-    rejections = sum(1 for k, w in zip(counts, windows) if k - 1 < w)
-    if accepted + rejections == 0:
-        raise ValueError("counts carry no information on alpha (window 0)")
-    return accepted / (accepted + rejections)
-
-
 # --------------------------------------------------------------------------- summaries
 
 
@@ -406,6 +368,13 @@ def _size_key(short_name: str) -> float:
     if not match:
         return math.inf
     return float(match.group(1)) * (1e9 if match.group(2).upper() == "B" else 1e6)
+
+
+def largest_target_logs(logs: Sequence[OfficialLog]) -> list[OfficialLog]:
+    """The logs whose target is the largest model among ``logs`` (the published 70B runs)."""
+    sizes = {log.target: _size_key(log.model_names[-1]) for log in logs}
+    largest = max(sizes.values())
+    return [log for log in logs if sizes[log.target] == largest]
 
 
 def _row_order(summary: LogSummary) -> tuple:

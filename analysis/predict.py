@@ -1,58 +1,448 @@
-"""Predict a configuration's throughput from a machine profile, before running it.
+"""Our wall-clock predictor: tokens/s of greedy, sd and pipespec for any hierarchy (no torch).
 
     python -m analysis.predict PROFILE [strategy=pipespec] [lookahead=0] [max_lead=8] [tokens=128] [--json]
     python -m analysis.predict PROFILE --sweep [tokens=128] [--json]     # every configuration, best first
 
-The simulator (`analysis.simulate`, the engine's own schedule) plays the hierarchy with the profile's
-costs: t(n) from the one step-cost fit (`analysis.fit.fit_step_cost`) over the profile's alone and
-loaded points, whose contention slows a stage per other computing stage; acceptance read off the
-profile's continuations position by position (`simulate.AlongContinuations`, one simulated generation
-per continuation), or drawn from its rates by draft position in profiles without them
-(`simulate.ByPosition`); a model-free drafter's proposal rate as its supply; the handoff latency per
-commit hop. The paper's model (Eq. 4 / Eq. 5, `analysis.fit.paper_tokens_per_s`) is printed beside,
-with alpha the mean of the last pair's per-position rates and gamma the lookahead (sd) or max_lead.
+One input, a `Hierarchy`: per stage its step cost t(n), per-step overhead, prefill cost, CPU contention
+and supply; per adjacent pair an acceptance model; the handoff latency of one message hop and the
+dispatch time of a generate call. It is built from a machine profile before a run
+(`Hierarchy.from_profile`), from the measurement of a run's traces (`Hierarchy.from_measurement`, an
+in-sample decomposition) or from one of the authors' published logs (`Hierarchy.from_official`).
+`predict` plays it in the discrete-event simulator (`analysis.simulate`, the engine's own schedule) and
+returns one `Prediction`; `analysis.evaluate` sets it beside measured runs and the published logs.
 
-`--sweep` ranks greedy, sd windows `SD_WINDOWS` and pipespec `LOOKAHEADS` x `MAX_LEADS` on every subset
-of the stages that keeps the target (e.g. skipping the middle stage of a k = 3 hierarchy); a subset
-whose drafter/verifier pair the profile has no acceptance for (`skip_pairs`, older profiles) is left out
-with a note. `draft_confidence` is refused: the simulator has no model of a drafter's own confidence.
+The paper's model (`analysis.paper_model`) counts tokens per target step and prices every target step
+the same. This predictor prices seconds and adds what the paper leaves out:
+
+- per-stage step cost t_i(n) (a verification of n drafts costs more than a one-token step): a profile's
+  measured table, or a run's fit t_i(n) = a_i + b_i n (`analysis.fit`) plus the stage's per-step overhead
+  (message handling between its own steps);
+- CPU contention: a stage's step slows by (1 + s_i) per other stage computing at the same time, as
+  processor sharing (the simulator's ``contention``);
+- the rate at which each drafter can supply drafts (a model drafter: one token per t(1); prompt lookup:
+  a drafter whose proposals cost ~0 and take no core, with a proposal after each commit with its
+  supply probability), the waits of a verifier for its drafter (lookahead), the lead cap (max_lead) and
+  discarded drafter steps: whichever stage is the bottleneck sets the pace;
+- the handoff latency h of every message hop: the simulator's ``rollback_delay`` in pipespec; in sd
+  2(k - 1) hops per lockstep round (`sd_handoff_s`), where a verifier's step follows a handoff whose
+  latency holds its loop overhead, so only the first stage's drafting steps pay the per-step overhead;
+- depth: every stage and pair enters, not only the last pair;
+- acceptance read off a profile's continuations position by position (`simulate.AlongContinuations`),
+  drawn from its rates by draft position (`simulate.ByPosition`), or in runs as fitted on a run
+  (`TwoRateAcceptance`: a draft that starts a run is accepted with alpha_first, one that continues an
+  agreeing run with alpha_next);
+- start-up: the prompt prefill and the dispatch of a generate call, per sample (`Hierarchy.startup`).
+
+Assumptions (each a known source of error): given its model, acceptance is independent of timing and
+of which stage drafted the token; step costs and contention are measured averages, background load
+included; a stage's prefill costs ``prefill_s_per_token`` x prompt tokens.
+
+From a profile (`predict_profile`), the paper's model (Eq. 4 / Eq. 5, `analysis.fit.paper_tokens_per_s`)
+is given beside, with alpha the mean of the last pair's per-position rates and gamma the lookahead (sd)
+or max_lead. `--sweep` ranks greedy, sd windows `SD_WINDOWS` and pipespec `LOOKAHEADS` x `MAX_LEADS` on
+every subset of the stages that keeps the target (e.g. skipping the middle stage of a k = 3 hierarchy);
+a subset whose drafter/verifier pair the profile has no acceptance for (`skip_pairs`, older profiles) is
+left out with a note. `draft_confidence` is refused: the simulator has no model of a drafter's own
+confidence.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
+import numpy as np
+
+from analysis import fit
 from analysis import simulate as sim
 from analysis.fit import LOOKUP_COST_S, paper_tokens_per_s
 from analysis.profile import PairProfile, Profile, ProfileError, load_profile, mismatches
 from pipespec.errors import ConfigError
 from pipespec.schedule import DEFAULT_MAX_LEAD, check_options
 
-SEEDS = 4  # simulated repetitions: the sampling noise of acceptance averages out
+__all__ = [
+    "TwoRateAcceptance",
+    "StageModel",
+    "Hierarchy",
+    "Prediction",
+    "fitted_cost",
+    "simulate_generation",
+    "sd_handoff_s",
+    "startup_s",
+    "predict",
+    "predict_profile",
+    "sweep",
+    "main",
+]
+
+STRATEGIES = ("greedy", "sd", "pipespec")
+SEEDS = 4  # simulated generations per profile prediction: the sampling noise of acceptance averages out
+REPEAT_SEEDS = tuple(1000 * r for r in range(4))  # a measured run: four simulated repetitions of each sample
+CRITICAL_PATH, SIDE_BY_SIDE = "critical path", "side by side"  # the start-up rules (`Hierarchy.startup`)
 SD_WINDOWS = tuple(range(1, 9))  # the sweep's sd windows
 LOOKAHEADS = (0, 1, 2, 4)  # the sweep's pipespec lookaheads ...
 MAX_LEADS = (4, 8, 16)  # ... times these max_leads
 
 
+# --------------------------------------------------------------------------- the input
+
+
+@dataclass(frozen=True)
+class TwoRateAcceptance(sim.Bernoulli):
+    """Acceptance in runs, for the simulator: a two-state chain over draft positions, as estimated by
+    ``fit.fit_two_rates``. A draft that starts a run (the first of a verification after a rejection
+    or a one-token step) is accepted with probability ``first``; one that continues an agreeing run
+    (after an accepted draft, or first after a fully accepted verification) with ``alpha``. A
+    verifier's own token agrees with the drafter's token at its position with ``alpha`` at the bonus
+    position of a fully accepted verification, with ``first`` after a one-token step.
+    With first == alpha this is the simulator's i.i.d. ``Bernoulli``."""
+
+    first: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.first <= 1.0:
+            raise ValueError(f"first must be in [0, 1], got {self.first!r}")
+
+    def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_TwoRateSampler":
+        return _TwoRateSampler(self.first, self.alpha, rng)
+
+
+class _TwoRateSampler:
+    """The state follows ``fit.fit_two_rates``: a verification continues a run only right after a
+    fully accepted one; after a rejection or a one-token step the next draft starts a run."""
+
+    def __init__(self, first: float, later: float, rng: np.random.Generator) -> None:
+        self.first, self.later, self.rng = first, later, rng
+        self.fresh = True  # the next verification's first draft starts a run
+        self.bonus_next = False  # the next agrees() is the bonus position of a fully accepted verification
+
+    def verify(self, offered: int, start: int = 0) -> int:
+        accepted, probability = 0, self.first if self.fresh else self.later
+        while accepted < offered and self.rng.random() < probability:
+            accepted += 1
+            probability = self.later
+        self.fresh = accepted < offered
+        self.bonus_next = not self.fresh
+        return accepted
+
+    def agrees(self, position: int = 0) -> bool:
+        if self.bonus_next:  # the run goes on through the bonus position, or breaks there
+            agreed = bool(self.rng.random() < self.later)
+            self.fresh = not agreed
+        else:  # a one-token step: the drafts after it start a new run
+            agreed = bool(self.rng.random() < self.first)
+            self.fresh = True
+        self.bonus_next = False
+        return agreed
+
+
+@dataclass(frozen=True)
+class StageModel:
+    """One stage as the predictor plays it: decode step cost, kind, prefill cost, contention, supply, overhead."""
+
+    name: str
+    cost: sim.StageCost | sim.TableCost  # t(n): one decode step feeding n tokens, computing alone
+    kind: str = "model"  # "model", or "lookup" (prompt lookup: proposals cost ~0 and take no core)
+    prefill_s_per_token: float = 0.0
+    contention: float | None = 0.0  # slowdown per other model stage computing meanwhile; None: shares no core
+    supply: float | None = None  # lookup: chance of a proposal after each commit (None: always)
+    overhead_s: float = 0.0  # between two of its own steps: publishing, reading messages
+
+    def step_cost(self, with_overhead: bool = True) -> sim.StageCost | sim.TableCost:
+        """t(n) of one step, the per-step overhead included unless ``with_overhead`` is False."""
+        if not with_overhead or not self.overhead_s:
+            return self.cost
+        if isinstance(self.cost, sim.TableCost):
+            return sim.TableCost(tuple(t + self.overhead_s for t in self.cost.seconds))
+        return sim.StageCost(self.cost.fixed + self.overhead_s, self.cost.per_token)
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """What the predictor plays: the stages smallest first (target last), one acceptance model per adjacent
+    pair (drafter i, verifier i + 1), and the system's latencies.
+
+    ``seeds``: the simulated repetitions of each sample (sample i of a prediction plays seed + s + i).
+    ``startup``: how a sample's start-up is counted, besides ``dispatch_s``:
+    - ``"critical path"`` (a measured run): a prefill is its stage's first step, so only its excess over
+      one ordinary step t(1) is extra time, for the stages whose prefill delays the target's first step:
+      the target for greedy and pipespec with lookahead 0, every model stage where each waits for its
+      drafter (sd, pipespec with lookahead > 0);
+    - ``"side by side"`` (a profile): every model stage reads the prompt before its decode steps, one
+      after another in sd (their sum), side by side in pipespec (the longest); greedy: the target's.
+    ``end_at_budget``: a simulated generation stops at exactly its token budget (as the engine does),
+    rather than after the verification that crosses it.
+    """
+
+    stages: tuple[StageModel, ...]
+    acceptance: tuple[sim.AcceptanceSpec, ...]  # sim.Bernoulli, TwoRateAcceptance, sim.ByPosition, ...
+    handoff_s: float = 0.0  # one message hop between neighbouring stages
+    dispatch_s: float = 0.0  # per generate call: sending the job, collecting the result
+    seeds: tuple[int, ...] = REPEAT_SEEDS
+    startup: str = CRITICAL_PATH
+    end_at_budget: bool = False
+    positions: tuple[int, ...] | None = None  # the stages' positions where they came from (None: 0, 1, ...)
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("a hierarchy needs at least one stage")
+        if len(self.acceptance) != len(self.stages) - 1:
+            raise ValueError(f"acceptance needs one model per adjacent pair ({len(self.stages) - 1}), "
+                             f"got {len(self.acceptance)}")  # fmt: skip
+        if not self.seeds:
+            raise ValueError("seeds must not be empty")
+        if self.startup not in (CRITICAL_PATH, SIDE_BY_SIDE):
+            raise ValueError(f"startup must be {CRITICAL_PATH!r} or {SIDE_BY_SIDE!r}, got {self.startup!r}")
+        if self.positions is not None and len(self.positions) != len(self.stages):
+            raise ValueError("positions needs one value per stage")
+
+    @property
+    def target(self) -> StageModel:
+        return self.stages[-1]
+
+    @property
+    def stage_positions(self) -> tuple[int, ...]:
+        return self.positions if self.positions is not None else tuple(range(len(self.stages)))
+
+    @classmethod
+    def from_profile(cls, profile: Profile, stages: Sequence[int] | None = None) -> Hierarchy:
+        """A profile's hierarchy (or the subset `stages` of it): each model stage's measured t(n) alone and
+        the contention of its one t(n) fit; acceptance along the profile's continuations."""
+        stages = check_stages(profile, stages)
+        pairs = subset_pairs(profile, stages)
+        played = []
+        for position, i in enumerate(stages):
+            stage = profile.stages[i]
+            if stage.model_free:  # takes no core; proposes after a commit with its measured rate
+                played.append(StageModel(stage.name, sim.StageCost(LOOKUP_COST_S), "lookup", 0.0, None,
+                                         pairs[position].proposal_rate))  # fmt: skip
+                continue
+            # measured t(n): not smooth on every CPU
+            played.append(StageModel(stage.name, sim.TableCost(stage.step_s_alone), "model", stage.prefill_s_per_token,
+                                     _fit(profile, i).contention))  # fmt: skip
+        return cls(tuple(played), tuple(acceptance(p) for p in pairs), profile.handoff_s,
+                   seeds=tuple(range(_seeds(pairs))), startup=SIDE_BY_SIDE, end_at_budget=True,
+                   positions=stages)  # fmt: skip
+
+    @classmethod
+    def from_measurement(cls, measurement: fit.Measurement, two_rate: bool = True) -> Hierarchy:
+        """Costs, acceptance and latencies of a measured run (``analysis.fit.measure_run``).
+
+        A model stage's decode cost is its fitted t(n), its per-step overhead kept apart; a stage
+        without a decode fit (it only prefilled) costs its mean prefill time per step. A pair that
+        never verified a draft gets alpha 0. ``two_rate``: acceptance in runs (``fit.fit_two_rates``),
+        else the i.i.d. MLE alpha.
+        """
+        return cls(tuple(_measured_stage(stage) for stage in measurement.stages),
+                   tuple(_measured_acceptance(pair, two_rate) for pair in measurement.pairs),
+                   measurement.handoff_s, measurement.dispatch_s)  # fmt: skip
+
+    @classmethod
+    def from_official(cls, measured: fit.OfficialMeasurement, acceptance: Sequence[sim.AcceptanceSpec],
+                      seeds: Sequence[int] = (0,)) -> Hierarchy:  # fmt: skip
+        """A published log's hierarchy: each model's mean logged step time as its step cost, each model on its
+        own GPUs (no contention), no handoff, prefill or dispatch; ``acceptance`` per pair."""
+        names = measured.log.model_names[-len(measured.step_mean_s):]
+        stages = tuple(StageModel(name, sim.StageCost(t), contention=None)
+                       for name, t in zip(names, measured.step_mean_s))  # fmt: skip
+        return cls(stages, tuple(acceptance), seeds=tuple(seeds))
+
+
+def fitted_cost(cost: fit.CostFit, extra_fixed: float = 0.0) -> sim.StageCost:
+    """The simulator's StageCost of a fitted t(n), with ``extra_fixed`` seconds added to every step.
+
+    A negative intercept (possible with noisy data) is moved into the slope so that t(1) is kept and
+    t(n) stays >= 0.
+    """
+    fixed, per_token = cost.fixed + extra_fixed, cost.per_token
+    if fixed < 0:
+        per_token, fixed = per_token + fixed, 0.0
+    if per_token < 0:  # t decreasing in n is noise: keep the mean one-token cost
+        fixed, per_token = fixed + per_token, 0.0
+    if fixed + per_token <= 0:
+        fixed = LOOKUP_COST_S
+    return sim.StageCost(fixed, per_token)
+
+
+def _measured_stage(stage: fit.StageFit) -> StageModel:
+    if stage.kind == "lookup":
+        return StageModel(stage.name, sim.StageCost(LOOKUP_COST_S), "lookup", 0.0, None, supply=stage.supply)
+    if stage.cost is None:  # it only prefilled
+        return StageModel(stage.name, sim.StageCost(max(stage.prefill_s, LOOKUP_COST_S)), "model",
+                          stage.prefill_s_per_token or 0.0, 0.0, overhead_s=stage.step_overhead_s)  # fmt: skip
+    return StageModel(stage.name, fitted_cost(stage.cost), "model", stage.prefill_s_per_token or 0.0,
+                      stage.cost.contention, overhead_s=stage.step_overhead_s)  # fmt: skip
+
+
+def _measured_acceptance(pair: fit.PairStats, two_rate: bool) -> sim.Bernoulli:
+    single = pair.alpha.alpha if pair.alpha is not None else 0.0
+    if not two_rate:
+        return sim.Bernoulli(single)
+    later = pair.alpha_next if math.isfinite(pair.alpha_next) else single
+    first = pair.alpha_first if math.isfinite(pair.alpha_first) else single
+    return TwoRateAcceptance(later, first)
+
+
+# --------------------------------------------------------------------------- the prediction
+
+
 @dataclass(frozen=True)
 class Prediction:
+    """Predicted time of a set of samples under one configuration, and what the simulation saw."""
+
     strategy: str
     lookahead: int
     max_lead: int
     stages: tuple[str, ...]  # the stages it runs, smallest first (greedy: the target)
-    stage_indices: tuple[int, ...]  # their positions in the profile's hierarchy
-    tokens: int
-    predicted_tokens_per_s: float
-    ms_per_token: float
-    mean_acceptance_length: float | None  # target: tokens per verification, bonus included
-    verify_fraction: float | None  # target: verifications / steps
-    target_busy: float
-    paper_predicted_tokens_per_s: float
+    stage_indices: tuple[int, ...]  # their positions in the hierarchy they came from (a profile's)
+    tokens: int  # output tokens, summed over samples
+    seconds: float  # predicted time, summed over samples
+    startup_s: float  # of which start-up (prefill, dispatch)
+    tokens_per_target_step: float  # pooled over the simulated generations (greedy: 1)
+    verify_fraction: float  # target: verifications / steps, mean over the simulated generations (greedy: 0)
+    offered_per_verify: float | None  # target: drafts offered per verification, pooled (None: it never verified)
+    mean_acceptance_length: float | None  # target: tokens per verification, bonus included (None: idem)
+    busy_fraction: tuple[float, ...]  # per stage run: busy share, mean over the simulated generations
+    paper_predicted_tokens_per_s: float | None = None  # the paper's model beside (`predict_profile`)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        """``tokens_per_s``, under the name of the profile tools' records."""
+        return self.tokens_per_s
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000 / self.tokens_per_s
+
+    @property
+    def target_busy(self) -> float:
+        return self.busy_fraction[-1]
+
+    @property
+    def bottleneck(self) -> int:
+        """Index of the busiest stage in the simulation (the one that sets the pace)."""
+        return int(np.argmax(self.busy_fraction)) if self.busy_fraction else len(self.busy_fraction) - 1
+
+
+def sd_handoff_s(hierarchy: Hierarchy, rounds: int) -> float:
+    """The handoff latency of sd: per lockstep round the drafts travel down the chain and the commit
+    cascades back up, 2(k - 1) message hops of ``handoff_s``."""
+    return rounds * (2 * (len(hierarchy.stages) - 1)) * hierarchy.handoff_s
+
+
+def _contention(hierarchy: Hierarchy) -> list[float | None] | None:
+    """Per stage for the simulator; prompt lookup takes no core. None where no stage shares cores."""
+    contention = [None if s.kind == "lookup" else s.contention for s in hierarchy.stages]
+    return None if all(c is None for c in contention) else contention
+
+
+def simulate_generation(hierarchy: Hierarchy, strategy: str, tokens: int, lookahead: int = 0,
+                        max_lead: int = DEFAULT_MAX_LEAD, seed: int = 0,
+                        size_verification: bool = False) -> tuple[float, sim.SimResult | None]:  # fmt: skip
+    """Seconds to decode ``tokens`` in one simulated generation, and the simulator's result (None for
+    greedy: the target alone, t(1) per token)."""
+    if strategy == "greedy":
+        return tokens * hierarchy.target.step_cost()(1), None
+    costs = [s.step_cost(with_overhead=strategy != "sd" or i == 0) for i, s in enumerate(hierarchy.stages)]
+    acceptance, supply = list(hierarchy.acceptance), [s.supply for s in hierarchy.stages]
+    if strategy == "sd":
+        result = sim.simulate_sync_sd(costs, acceptance, lookahead, tokens, seed=seed, supply=supply,
+                                      end_at_budget=hierarchy.end_at_budget, size_verification=size_verification)
+        return result.total_time + sd_handoff_s(hierarchy, result.target_steps), result
+    if strategy == "pipespec":
+        result = sim.simulate_pipespec(
+            costs, acceptance, tokens, lookahead=lookahead, max_lead=max(max_lead, lookahead, 1),
+            rollback_delay=hierarchy.handoff_s, seed=seed, contention=_contention(hierarchy), supply=supply,
+            end_at_budget=hierarchy.end_at_budget, size_verification=size_verification,
+        )  # fmt: skip
+        return result.total_time, result
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def startup_s(hierarchy: Hierarchy, strategy: str, lookahead: int, prompt_tokens: int) -> float:
+    """Start-up of one sample: prefill as ``hierarchy.startup`` counts it, plus the dispatch."""
+    models = [s for s in hierarchy.stages if s.kind == "model"]
+    if hierarchy.startup == SIDE_BY_SIDE:
+        reading = hierarchy.stages[-1:] if strategy == "greedy" else models
+        prefill = [prompt_tokens * s.prefill_s_per_token for s in reading]
+        return (max(prefill) if strategy == "pipespec" else sum(prefill)) + hierarchy.dispatch_s
+    critical = hierarchy.stages[-1:] if strategy == "greedy" or (strategy == "pipespec" and lookahead == 0) else models
+    extra = 0.0
+    for stage in critical:
+        extra += max(stage.prefill_s_per_token * prompt_tokens - stage.step_cost()(1), 0.0)
+    return extra + hierarchy.dispatch_s
+
+
+def _samples(new_tokens: Sequence[int], prompt_tokens: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    new_tokens = [int(n) for n in new_tokens]
+    if not new_tokens or min(new_tokens) < 1:
+        raise ValueError("new_tokens must be a non-empty list of positive token counts")
+    prompts = [0] * len(new_tokens) if prompt_tokens is None else [int(p) for p in prompt_tokens]
+    if len(prompts) != len(new_tokens):
+        raise ValueError("prompt_tokens needs one value per sample")
+    return new_tokens, prompts
+
+
+def predict(hierarchy: Hierarchy, strategy: str, new_tokens: Sequence[int], prompt_tokens: Sequence[int] | None = None,
+            lookahead: int = 0, max_lead: int = DEFAULT_MAX_LEAD, seed: int = 0,
+            size_verification: bool = False) -> Prediction:  # fmt: skip
+    """Predicted pooled time of samples with ``new_tokens`` output tokens each (and their prompt lengths):
+    per sample its start-up plus the mean of its simulated generations. greedy runs only the target; sd
+    and pipespec need at least two stages."""
+    new_tokens, prompts = _samples(new_tokens, prompt_tokens)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}")
+    if strategy != "greedy" and len(hierarchy.stages) < 2:
+        raise ValueError(f"{strategy} needs at least two stages")
+    seconds = startup = 0.0
+    results: list[sim.SimResult] = []
+    for index, (tokens, prompt) in enumerate(zip(new_tokens, prompts)):
+        start = startup_s(hierarchy, strategy, lookahead, prompt)
+        seeds = hierarchy.seeds[:1] if strategy == "greedy" else hierarchy.seeds  # greedy: no sampling
+        runs = [simulate_generation(hierarchy, strategy, tokens, lookahead, max_lead, seed + s + index,
+                                    size_verification) for s in seeds]  # fmt: skip
+        seconds += statistics.mean(time_s + start for time_s, _ in runs)
+        startup += start
+        results += [result for _, result in runs if result is not None]
+    return _prediction(hierarchy, strategy, lookahead, max_lead, sum(new_tokens), seconds, startup, results)
+
+
+def _prediction(hierarchy: Hierarchy, strategy: str, lookahead: int, max_lead: int, tokens: int, seconds: float,
+                startup: float, results: Sequence[sim.SimResult]) -> Prediction:  # fmt: skip
+    """What the simulated generations saw of the target, pooled or averaged over them."""
+    names, positions = tuple(s.name for s in hierarchy.stages), hierarchy.stage_positions
+    if strategy == "greedy":
+        return Prediction(strategy, lookahead, max_lead, names[-1:], positions[-1:], tokens, seconds, startup,
+                          1.0, 0.0, None, None, (1.0,))  # fmt: skip
+    steps = sum(r.target_steps for r in results)
+    verifications = sum(len(r.offered_counts[-1]) for r in results)
+    offered = sum(sum(r.offered_counts[-1]) for r in results)
+    return Prediction(
+        strategy, lookahead, max_lead, names, positions, tokens, seconds, startup,
+        sum(r.committed_tokens for r in results) / steps if steps else math.nan,
+        statistics.mean(r.verify_fraction[-1] for r in results),
+        offered / verifications if verifications else None,
+        _finite_mean([r.accepted_per_verify[-1] for r in results]),  # None: the target never verified
+        tuple(statistics.mean(column) for column in zip(*(r.busy_fraction for r in results))),
+    )  # fmt: skip
+
+
+def _finite_mean(values: Sequence[float]) -> float | None:
+    finite = [v for v in values if v == v]  # nan where a run had no verification
+    return statistics.mean(finite) if finite else None
+
+
+# --------------------------------------------------------------------------- from a profile
 
 
 def subset_pairs(profile: Profile, stages: Sequence[int]) -> list[PairProfile] | None:
@@ -78,13 +468,13 @@ def check_stages(profile: Profile, stages: Sequence[int] | None) -> tuple[int, .
     return stages
 
 
-def _fit(profile: Profile, stage: int):
+def _fit(profile: Profile, stage: int) -> fit.CostFit:
     """The stage's t(n) fit; its loaded points were measured with every other model stage of the profile
     running, and the simulator applies the contention per stage computing at the time."""
     return profile.stages[stage].cost_fit(sum(not s.model_free for s in profile.stages) - 1)
 
 
-def acceptance(pair: PairProfile):
+def acceptance(pair: PairProfile) -> sim.AlongContinuations | sim.ByPosition:
     """The simulator's acceptance for a pair: read off the profile's continuations where it has them
     (`sim.AlongContinuations`), else drawn from its rates by position."""
     if pair.runs:
@@ -97,28 +487,25 @@ def _seeds(pairs: Sequence[PairProfile]) -> int:
     return max([SEEDS, *(len(p.runs) for p in pairs)])
 
 
-def _inputs(profile: Profile, stages: Sequence[int]):
-    pairs = subset_pairs(profile, stages)
-    costs, contention, supply = [], [], []
-    for position, i in enumerate(stages):
-        stage = profile.stages[i]
-        if stage.model_free:
-            costs.append(sim.StageCost(LOOKUP_COST_S))
-            contention.append(None)  # takes no core
-            supply.append(pairs[position].proposal_rate)
-            continue
-        costs.append(sim.TableCost(stage.step_s_alone))  # measured t(n): not smooth on every CPU
-        contention.append(_fit(profile, i).contention)
-        supply.append(None)
-    acceptances = [acceptance(p) for p in pairs]
-    return costs, contention, supply, acceptances, pairs
+def paper_profile_tokens_per_s(profile: Profile, hierarchy: Hierarchy, strategy: str, lookahead: int,
+                               max_lead: int) -> float:  # fmt: skip
+    """The paper's model for a profile's sd or pipespec configuration: alpha the mean of the last pair's
+    per-position rates, gamma the lookahead (sd) or max_lead (pipespec), t(1) from the profile."""
+    t_target = hierarchy.stages[-1].cost(1)
+    alpha = statistics.mean(subset_pairs(profile, hierarchy.stage_positions)[-1].acceptance_by_position)
+    gamma = lookahead if strategy == "sd" else max(max_lead, lookahead)
+    if not gamma:
+        return 1.0 / t_target
+    return paper_tokens_per_s(strategy, t_target, alpha, gamma, hierarchy.stages[-2].cost(1))
 
 
-def predict(profile: Profile, strategy: str = "pipespec", lookahead: int = 0, max_lead: int = DEFAULT_MAX_LEAD,
-            tokens: int = 128, stages: Sequence[int] | None = None, draft_confidence: float = 0.0,
-            prompt_tokens: int | None = None, size_verification: bool = False, value_stop: float = 0.0) -> Prediction:
-    """The predicted throughput of one configuration, prompt processing included (`prompt_tokens` per
-    generation; None: the profile's mean prompt length); `stages`: a subset of the profile's (default all)."""
+def predict_profile(profile: Profile, strategy: str = "pipespec", lookahead: int = 0,
+                    max_lead: int = DEFAULT_MAX_LEAD, tokens: int = 128, stages: Sequence[int] | None = None,
+                    draft_confidence: float = 0.0, prompt_tokens: int | None = None, size_verification: bool = False,
+                    value_stop: float = 0.0) -> Prediction:  # fmt: skip
+    """The predicted throughput of one configuration from a profile, prompt processing included
+    (`prompt_tokens` per generation; None: the profile's mean prompt length); `stages`: a subset of the
+    profile's (default all). The paper's model is given beside."""
     if draft_confidence or value_stop:
         check_options(strategy, len(profile.stages), lookahead, max_lead, draft_confidence, value_stop)
         what = "draft_confidence" if draft_confidence else "value_stop"
@@ -126,48 +513,20 @@ def predict(profile: Profile, strategy: str = "pipespec", lookahead: int = 0, ma
                           f"or online estimates (leave it 0)")  # fmt: skip
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ConfigError(f"tokens must be an integer >= 1, got {tokens!r}")
-    last = len(profile.stages) - 1
     if prompt_tokens is None:
         prompt_tokens = round(statistics.mean(profile.prompt_tokens)) if profile.prompt_tokens else 0
-    if strategy == "greedy":
+    if strategy == "greedy":  # the target alone: no contention
         check_options(strategy, len(profile.stages), lookahead, max_lead)
-        seconds = tokens * profile.stages[last].step_s_alone[0] + prompt_tokens * profile.stages[last].prefill_s_per_token
-        rate = tokens / seconds  # the target alone: no contention
-        name = (profile.stages[-1].name,)
-        return Prediction(strategy, lookahead, max_lead, name, (last,), tokens, rate, 1000 / rate, None, 0.0, 1.0,
-                          rate)  # fmt: skip
-    stages = check_stages(profile, stages)
-    check_options(strategy, len(stages), lookahead, max_lead)
-    costs, contention, supply, acceptances, pairs = _inputs(profile, stages)
-    names = tuple(profile.stages[i].name for i in stages)
-    t_target = costs[-1](1)
-    # each model stage reads the prompt in its first step: one after another in sd, side by side in pipespec
-    prefill = [prompt_tokens * profile.stages[i].prefill_s_per_token for i in stages if not profile.stages[i].model_free]
-    runs = []
-    for seed in range(_seeds(pairs)):
-        if strategy == "sd":
-            result = sim.simulate_sync_sd(costs, acceptances, lookahead, tokens, seed=seed, supply=supply,
-                                          end_at_budget=True, size_verification=size_verification)  # fmt: skip
-            hops = 2 * (len(costs) - 1) * result.target_steps  # drafts down the chain, the commit back up
-            runs.append((result, result.total_time + hops * profile.handoff_s + sum(prefill)))
-        else:
-            result = sim.simulate_pipespec(
-                costs, acceptances, tokens, lookahead=lookahead, max_lead=max(max_lead, lookahead), seed=seed,
-                rollback_delay=profile.handoff_s, contention=contention, supply=supply, end_at_budget=True,
-                size_verification=size_verification,
-            )  # fmt: skip
-            runs.append((result, result.total_time + max(prefill)))
-    seconds = statistics.mean(t for _, t in runs)
-    rate = tokens / seconds
-    alpha = statistics.mean(pairs[-1].acceptance_by_position)
-    gamma = lookahead if strategy == "sd" else max(max_lead, lookahead)
-    paper = paper_tokens_per_s(strategy, t_target, alpha, gamma, costs[-2](1)) if gamma else 1.0 / t_target
-    return Prediction(
-        strategy, lookahead, max_lead, names, stages, tokens, rate, 1000 / rate,
-        _finite_mean([r.accepted_per_verify[-1] for r, _ in runs]),  # None: the target never verified
-        statistics.mean(r.verify_fraction[-1] for r, _ in runs),
-        statistics.mean(r.busy_fraction[-1] for r, _ in runs), paper,
-    )  # fmt: skip
+        stages = (len(profile.stages) - 1,)
+    else:
+        stages = check_stages(profile, stages)
+        check_options(strategy, len(stages), lookahead, max_lead)
+    hierarchy = Hierarchy.from_profile(profile, stages)
+    prediction = predict(hierarchy, strategy, [tokens], [prompt_tokens], lookahead, max_lead,
+                         size_verification=size_verification)  # fmt: skip
+    paper = prediction.tokens_per_s if strategy == "greedy" else (
+        paper_profile_tokens_per_s(profile, hierarchy, strategy, lookahead, max_lead))  # fmt: skip
+    return replace(prediction, paper_predicted_tokens_per_s=paper)
 
 
 def stage_subsets(profile: Profile) -> tuple[list[tuple[int, ...]], list[str]]:
@@ -204,14 +563,12 @@ def configurations(profile: Profile) -> tuple[list[dict], list[str]]:
 def sweep(profile: Profile, tokens: int = 128) -> tuple[list[Prediction], list[str]]:
     """Every configuration's prediction, best predicted tokens/s first (ties: the simpler one first)."""
     options, notes = configurations(profile)
-    predictions = [predict(profile, tokens=tokens, **o) for o in options]
+    predictions = [predict_profile(profile, tokens=tokens, **o) for o in options]
     order = sorted(range(len(predictions)), key=lambda i: (-predictions[i].predicted_tokens_per_s, i))
     return [predictions[i] for i in order], notes
 
 
-def _finite_mean(values: Sequence[float]) -> float | None:
-    finite = [v for v in values if v == v]  # nan where a run had no verification
-    return statistics.mean(finite) if finite else None
+# --------------------------------------------------------------------------- command line
 
 
 def _flag(value: str) -> bool:
@@ -236,6 +593,16 @@ def parse_options(items: Sequence[str]) -> dict:
         except ValueError:
             raise ConfigError(f"{key} must be {OPTIONS[key].__name__}, got {value!r}") from None
     return options
+
+
+def prediction_record(p: Prediction) -> dict:
+    """A prediction as the `--json` record: the configuration and throughput first, then the details."""
+    record = asdict(p)
+    head = ("strategy", "lookahead", "max_lead", "stages", "stage_indices", "tokens")
+    return {**{key: record.pop(key) for key in head}, "predicted_tokens_per_s": p.predicted_tokens_per_s,
+            "ms_per_token": p.ms_per_token, "mean_acceptance_length": record.pop("mean_acceptance_length"),
+            "verify_fraction": record.pop("verify_fraction"), "target_busy": p.target_busy,
+            "paper_predicted_tokens_per_s": record.pop("paper_predicted_tokens_per_s"), **record}  # fmt: skip
 
 
 def format_prediction(p: Prediction) -> str:
@@ -263,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parse_options(argv[1:])
         if as_sweep and set(options) - {"tokens"}:
             raise ConfigError(f"--sweep takes only tokens=N, got {sorted(set(options) - {'tokens'})}")
-        predictions, notes = sweep(profile, **options) if as_sweep else ([predict(profile, **options)], [])
+        predictions, notes = sweep(profile, **options) if as_sweep else ([predict_profile(profile, **options)], [])
     except (ProfileError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -272,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if as_json:
-        records = [asdict(p) for p in predictions]
+        records = [prediction_record(p) for p in predictions]
         print(json.dumps(records if as_sweep else records[0]))
     else:
         print("\n".join(f"{rank}. " * as_sweep + format_prediction(p) for rank, p in enumerate(predictions, 1)))

@@ -3,7 +3,7 @@
     python -m analysis.report RUN_DIRS... [--out DIR] [--official DIR]
 
 For every run (a run directory, or a directory holding runs) it sets side by
-side: the measured tokens/s, our wall-clock model (``analysis.wallclock``: an
+side: the measured tokens/s, our wall-clock model (``analysis.evaluate``: an
 in-sample decomposition, since its costs are fitted on the very run it reports;
 held-out predictions come from a machine profile: ``analysis.validate``) and the paper's model (Eq. 4 / 5 over one target
 step), with their errors; each figure and number is marked as a measurement, an
@@ -28,9 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
-
-from analysis import figures, wallclock
+from analysis import evaluate, figures
 from analysis import import_official as official
 from analysis.runs import ResultsError, find_runs
 from pipespec.stats import ratio
@@ -71,7 +69,7 @@ def _ms(seconds: float | None) -> str:
 # --------------------------------------------------------------------------- content
 
 
-def summary_table(evaluations: Sequence[wallclock.RunEvaluation]) -> Table:
+def summary_table(evaluations: Sequence[evaluate.RunEvaluation]) -> Table:
     rows = []
     for e in evaluations:
         run = e.run
@@ -86,7 +84,7 @@ def summary_table(evaluations: Sequence[wallclock.RunEvaluation]) -> Table:
                   "ours error", "paper tok/s (in-sample)", "paper error", "paper t_K(1) from", "acceptance"], rows)
 
 
-def stage_table(evaluation: wallclock.RunEvaluation) -> Table:
+def stage_table(evaluation: evaluate.RunEvaluation) -> Table:
     rows = []
     predicted_busy = evaluation.ours.busy_fraction
     for i, stage in enumerate(evaluation.measurement.stages):
@@ -103,7 +101,7 @@ def stage_table(evaluation: wallclock.RunEvaluation) -> Table:
                   "prefill ms/token", "busy measured", "busy (in-sample model)"], rows)
 
 
-def pair_table(evaluation: wallclock.RunEvaluation) -> Table:
+def pair_table(evaluation: evaluate.RunEvaluation) -> Table:
     rows = []
     for pair in evaluation.measurement.pairs:
         alpha = pair.alpha
@@ -119,7 +117,7 @@ def pair_table(evaluation: wallclock.RunEvaluation) -> Table:
                   "gamma (offered/verify)", "mean acceptance length", "draft acceptance rate", "tokens/step"], rows)
 
 
-def comparison_table(evaluation: wallclock.RunEvaluation) -> Table:
+def comparison_table(evaluation: evaluate.RunEvaluation) -> Table:
     rows = [[c.quantity, c.scope, _num(c.predicted, ".3f"), _num(c.measured, ".3f"), _num(c.residual, "+.3f"),
              _pct(c.relative_error)] for c in evaluation.comparisons]
     ours = evaluation.ours
@@ -134,7 +132,7 @@ def comparison_table(evaluation: wallclock.RunEvaluation) -> Table:
     return Table(["quantity", "scope", "model (in-sample)", "measured", "residual", "relative"], rows)
 
 
-def official_table(rows: Sequence[wallclock.OfficialPrediction]) -> Table:
+def official_table(rows: Sequence[evaluate.OfficialPrediction]) -> Table:
     return Table(
         ["log", "strategy", "models", "measured ms/token", "ours ms/token (in-sample)", "ours error",
          "paper ms/token (in-sample)",
@@ -161,7 +159,7 @@ def figure_kind(name: str) -> str:
     return next((kind for prefix, kind in FIGURE_KINDS.items() if name.startswith(prefix)), "measurement")
 
 
-def status_table(evaluation: wallclock.RunEvaluation) -> Table:
+def status_table(evaluation: evaluate.RunEvaluation) -> Table:
     """What each number of a run is: a measurement, an in-sample fit (or decomposition) or a held-out
     prediction (the last: none in this report; `analysis.validate` predicts runs from a profile)."""
     run = evaluation.run
@@ -172,7 +170,7 @@ def status_table(evaluation: wallclock.RunEvaluation) -> Table:
         ["a, b, contention, overhead, prefill per token; alpha (MLE +- se), alpha first / next",
          "in-sample fit", "fitted on this run's own traces"],
         ["ours tok/s, busy (in-sample model), tokens/step (ours, simulated), start-up",
-         "in-sample decomposition", "analysis.wallclock with the costs and acceptance fitted on this run"],
+         "in-sample decomposition", "analysis.evaluate with the costs and acceptance fitted on this run"],
         ["paper tok/s, Eq. 1 / 3 / 4 / 5 values", "in-sample (paper model)",
          f"paper's equations with this run's alpha and gamma; t_K(1) from {evaluation.paper_t1_source}"],
         ["held-out prediction", "none", "not in this report: python -m analysis.validate PROFILE RUN_DIRS"],
@@ -182,7 +180,7 @@ def status_table(evaluation: wallclock.RunEvaluation) -> Table:
 
 ASSUMPTIONS = [
     "Measured: tokens/s pooled over samples (sum of tokens / sum of generation time), as summary.json.",
-    "Ours (analysis.wallclock), an in-sample decomposition, not a prediction: the discrete-event simulator played with each stage's fitted step cost "
+    "Ours (analysis.evaluate), an in-sample decomposition, not a prediction: the discrete-event simulator played with each stage's fitted step cost "
     "t(n) = a + b n plus its per-step overhead, CPU contention as processor sharing (slowdown 1 + s per other "
     "stage computing), each pair's acceptance in runs (first draft alpha_first, later ones alpha_next), the "
     "run's lookahead and max_lead, the measured handoff latency per message hop (rollback delay; 2(k-1) hops "
@@ -200,57 +198,71 @@ ASSUMPTIONS = [
 # --------------------------------------------------------------------------- assembly
 
 
-def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path | None = None) -> tuple[Path, Path]:
-    """Write DIR/report.md, DIR/report.html and DIR/figures/*.png; raise ResultsError on bad input."""
-    runs = find_runs(run_paths)
-    evaluations = wallclock.evaluate_runs(runs)
-    official_rows = None
-    if official_dir is not None:
-        try:
-            official_rows = wallclock.official_predictions(official_dir)
-        except official.OfficialLogError as error:
-            raise ResultsError(f"{official_dir}: {error}") from None
-    out.mkdir(parents=True, exist_ok=True)
-    figure_dir = out / "figures"
-    figure_dir.mkdir(exist_ok=True)
-    images: list[tuple[str, str, bytes]] = []  # (name, caption, png)
+TITLE = "pipespec: model vs measurement"
+LISTED = ("What is compared", "Figures not drawn")  # the sections whose paragraphs are list items
+PAGE_STYLE = ("<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
+              "margin:8px 0;font-size:13px}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"
+              "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style>")
+
+
+def _official_rows(official_dir: Path | None) -> list[evaluate.OfficialPrediction] | None:
+    """Both models on the published logs in ``official_dir`` (None without it); unreadable logs: ResultsError."""
+    if official_dir is None:
+        return None
+    try:
+        return evaluate.official_predictions(official_dir)
+    except official.OfficialLogError as error:
+        raise ResultsError(f"{official_dir}: {error}") from None
+
+
+def _draw_figures(runs, evaluations, figure_dir: Path) -> tuple[list[tuple[str, str, bytes]], list[str]]:
+    """Our figures of the runs as PNG files in ``figure_dir``: (name, caption, png) of each one drawn, and a
+    note for each one not drawn."""
+    images: list[tuple[str, str, bytes]] = []
     notes: list[str] = []
     builders = {**figures.ours_figures(runs, evaluations), **figures.synthetic_figures(runs)}
-    for name, build in builders.items():
-        try:
-            with matplotlib.rc_context(figures.STYLE):
-                drawn = build()
-        except (LookupError, ValueError, ResultsError) as reason:
+    for name, drawn, reason in figures.drawn_figures(builders):
+        if drawn is None:
             notes.append(f"{name}: skipped ({reason})")
             continue
         data = figures.png_bytes(drawn.fig)
         (figure_dir / f"{name}.png").write_bytes(data)
         images.append((name, f"{name.replace('_', ' ')} [{figure_kind(name)}]: {drawn.caption} "
                              f"Runs: {drawn.selection}.", data))
+    return images, notes
 
+
+def _headline(evaluations: Sequence[evaluate.RunEvaluation]) -> str:
+    """Both models' largest and mean |error| over the runs, and how many runs ours holds within TOLERANCE."""
     errors = [abs(e.ours_error) for e in evaluations]
     paper_errors = [abs(e.paper_error) for e in evaluations if e.paper_error is not None]
     within = sum(err <= TOLERANCE for err in errors)
-    headline = (
+    return (
         f"Our model: largest |error| {100 * max(errors):.1f}%, mean {100 * sum(errors) / len(errors):.1f}%, "
         f"{within}/{len(errors)} runs within {100 * TOLERANCE:.0f}%. "
         + (f"Paper model: largest |error| {100 * max(paper_errors):.1f}%, mean "
            f"{100 * sum(paper_errors) / len(paper_errors):.1f}%." if paper_errors else "Paper model: no value.")
     )
-    env = runs[0].env
-    sections: list[tuple[str, list]] = []  # (heading, blocks: str paragraphs or Table)
-    sections.append(("Summary", [headline, summary_table(evaluations)]))
-    sections.append(("What is compared", ASSUMPTIONS))
-    for e in evaluations:
-        blocks: list = [f"Directory: {e.run.path}. Lookahead {e.run.lookahead}, max_lead {e.run.max_lead}; "
-                        f"handoff latency {_ms(e.measurement.handoff_s)} ms, dispatch {_ms(e.measurement.dispatch_s)} "
-                        f"ms per sample; modelled start-up {e.ours.startup_s:.2f} s of {e.ours.seconds:.2f} s.",
-                        stage_table(e)]
-        blocks.append(status_table(e))
-        if e.measurement.pairs:
-            blocks.append(pair_table(e))
-        blocks.append(comparison_table(e))
-        sections.append((f"Run: {e.run.label}", blocks))
+
+
+def _run_blocks(e: evaluate.RunEvaluation) -> list:
+    """A run's section: where it is and its settings, then its stage, status, pair and comparison tables."""
+    blocks: list = [f"Directory: {e.run.path}. Lookahead {e.run.lookahead}, max_lead {e.run.max_lead}; "
+                    f"handoff latency {_ms(e.measurement.handoff_s)} ms, dispatch {_ms(e.measurement.dispatch_s)} "
+                    f"ms per sample; modelled start-up {e.ours.startup_s:.2f} s of {e.ours.seconds:.2f} s.",
+                    stage_table(e), status_table(e)]
+    if e.measurement.pairs:
+        blocks.append(pair_table(e))
+    blocks.append(comparison_table(e))
+    return blocks
+
+
+def _sections(evaluations: Sequence[evaluate.RunEvaluation], official_rows,
+              notes: list[str]) -> list[tuple[str, list]]:
+    """The report's sections before its figures: (heading, blocks), a block being a paragraph or a Table."""
+    sections: list[tuple[str, list]] = [("Summary", [_headline(evaluations), summary_table(evaluations)]),
+                                        ("What is compared", ASSUMPTIONS)]
+    sections += [(f"Run: {e.run.label}", _run_blocks(e)) for e in evaluations]
     if official_rows is not None:
         sections.append(("Published logs (largest target)", [
             "Our simulator with the logs' mean step times; sd replays the logged accepted counts, pipespec uses "
@@ -259,39 +271,64 @@ def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path 
             official_table(official_rows)]))
     if notes:
         sections.append(("Figures not drawn", notes))
+    return sections
 
-    title = "pipespec: model vs measurement"
+
+def _intro(runs) -> str:
+    """The paragraph under the title: what made the report, from how many runs on which machine."""
+    env = runs[0].env
     machine = f"{env.get('cpu', '?')}, {env.get('cpu_count', '?')} CPUs" if env else "unknown machine"
-    intro = (f"Made by python -m analysis.report from {len(runs)} runs ({machine}). Every number below is a "
-             "measurement or an in-sample fit / decomposition of the run it describes; held-out predictions "
-             "(from a machine profile measured on other prompts) are made by python -m analysis.validate.")
-    md = [f"# {title}", "", intro, ""]
-    page = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
-            "margin:8px 0;font-size:13px}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"
-            "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style></head><body>",
-            f"<h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>"]
+    return (f"Made by python -m analysis.report from {len(runs)} runs ({machine}). Every number below is a "
+            "measurement or an in-sample fit / decomposition of the run it describes; held-out predictions "
+            "(from a machine profile measured on other prompts) are made by python -m analysis.validate.")
+
+
+def _markdown_text(intro: str, sections: list[tuple[str, list]], images: list[tuple[str, str, bytes]]) -> str:
+    """The report as Markdown, linking each figure in ``figures/``."""
+    md = [f"# {TITLE}", "", intro, ""]
     for heading, blocks in sections:
         md += [f"## {heading}", ""]
-        page.append(f"<h2>{html.escape(heading)}</h2>")
         for block in blocks:
             if isinstance(block, Table):
                 md += [block.markdown(), ""]
-                page.append(block.html())
             else:
-                md += [f"- {block}" if heading in ("What is compared", "Figures not drawn") else block, ""]
-                page.append(f"<p>{html.escape(block)}</p>")
+                md += [f"- {block}" if heading in LISTED else block, ""]
     md += ["## Figures", ""]
+    for name, caption, _ in images:
+        md += [f"![{caption}](figures/{name}.png)", ""]
+    return "\n".join(md)
+
+
+def _html_page(intro: str, sections: list[tuple[str, list]], images: list[tuple[str, str, bytes]]) -> str:
+    """The report as one self-contained HTML page, each figure embedded as base64 PNG."""
+    page = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(TITLE)}</title>",
+            f"{PAGE_STYLE}</head><body>", f"<h1>{html.escape(TITLE)}</h1><p>{html.escape(intro)}</p>"]
+    for heading, blocks in sections:
+        page.append(f"<h2>{html.escape(heading)}</h2>")
+        page += [block.html() if isinstance(block, Table) else f"<p>{html.escape(block)}</p>" for block in blocks]
     page.append("<h2>Figures</h2>")
     for name, caption, data in images:
-        md += [f"![{caption}](figures/{name}.png)", ""]
         encoded = base64.b64encode(data).decode("ascii")
         page.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     page.append("</body></html>")
+    return "\n".join(page)
+
+
+def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path | None = None) -> tuple[Path, Path]:
+    """Write DIR/report.md, DIR/report.html and DIR/figures/*.png; raise ResultsError on bad input."""
+    runs = find_runs(run_paths)
+    evaluations = evaluate.evaluate_runs(runs)
+    official_rows = _official_rows(official_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figure_dir = out / "figures"
+    figure_dir.mkdir(exist_ok=True)
+    images, notes = _draw_figures(runs, evaluations, figure_dir)
+    sections = _sections(evaluations, official_rows, notes)
+    intro = _intro(runs)
     md_path, html_path = out / "report.md", out / "report.html"
-    md_path.write_text("\n".join(md))
-    html_path.write_text("\n".join(page))
+    md_path.write_text(_markdown_text(intro, sections, images))
+    html_path.write_text(_html_page(intro, sections, images))
     return md_path, html_path
 
 

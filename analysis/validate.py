@@ -7,8 +7,8 @@
     python -m analysis.validate --summary VALIDATION_JSON...    # held-out figures over several reports
 
 For each run (`analysis.runs`), the configuration it ran (strategy, lookahead, max_lead, the stages it
-used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict`, and the
-paper's model beside it) and set against the run's measured tokens/s. error = predicted / measured - 1.
+used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict_profile`,
+and the paper's model beside it) and set against the run's measured tokens/s. error = predicted / measured - 1.
 
 A run whose samples overlap the profile's (same dataset, a shared sample id) is in-sample: the profile
 saw its prompts. It is reported on its own and never enters the held-out summary (median and largest
@@ -45,7 +45,7 @@ from dataclasses import MISSING, asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from analysis.predict import predict
+from analysis.predict import predict_profile
 from analysis.profile import Profile, ProfileError, load_profile, mismatches
 from analysis.runs import ResultsError, Run, find_runs
 from pipespec.errors import ConfigError
@@ -126,9 +126,9 @@ def validate_run(profile: Profile, run: Run) -> Validation:
     tokens = max(round(run.summary["new_tokens"] / max(run.n_samples, 1)), 1)
     prompt = round(statistics.mean(int(r.get("prompt_tokens") or 0) for r in run.samples)) if run.samples else 0
     max_lead = run.max_lead if run.max_lead is not None else DEFAULT_MAX_LEAD
-    prediction = predict(profile, run.strategy, run.lookahead, max_lead, tokens,
-                         stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt,
-                         size_verification=bool(run.summary.get("size_verification", False)))  # fmt: skip
+    prediction = predict_profile(profile, run.strategy, run.lookahead, max_lead, tokens,
+                                 stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt,
+                                 size_verification=bool(run.summary.get("size_verification", False)))  # fmt: skip
     measured = run.tokens_per_s
     return Validation(
         run=str(run.path), strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,

@@ -264,93 +264,128 @@ BAD_RUN_OPTIONS = [
 ]  # fmt: skip
 
 
+FIXTURE = ROOT / "tests" / "fixtures" / "results_tiny"
+HYDRAS_OWN = "config key that does not exist"  # Hydra's own message: several lines and exit code 1, accepted as is
+
+
+def _bad_input_files(tmp: Path) -> dict[str, str]:
+    """The files the bad options name, made under `tmp`: placeholder -> path."""
+    from experiments.tiny import build_tiny_hierarchy
+
+    other_vocab = build_tiny_hierarchy(tmp / "vocab300", [], vocab_size=300)[0]
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "one.jsonl").write_text(json.dumps({"id": "1", "document": "A story.", "summary": "Story."}) + "\n")
+    return {"OTHER_VOCAB": other_vocab, "EMPTY": str(tmp / "empty.jsonl"), "ONE_ROW": str(tmp / "one.jsonl")}
+
+
+def _bad_run(tmp: Path, fill: dict[str, str], case: tuple[str, list[str]]) -> tuple:
+    """One bad option through `experiments.run`: (name, finished process, results files it wrote, Hydra's own)."""
+    name, overrides = case
+    for key, value in fill.items():
+        overrides = [o.replace(key, value) for o in overrides]
+    run_dir = tmp / name.replace(" ", "_").replace("<=", "le")
+    dataset = [] if any(o.startswith("dataset=") for o in overrides) else ["dataset=news_lee_cnndm"]
+    args = ["models=tiny_k2", *dataset, "dataset.n_samples=1", "max_new_tokens=4", *overrides,
+            "run.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    wrote = [f for f in ("samples.jsonl", "summary.json") if (run_dir / f).exists()]
+    return name, done, wrote, name == HYDRAS_OWN
+
+
+def _torn_summary(tmp: Path) -> Path:
+    """A run whose summary.json a killed writer left half-written (made once)."""
+    run = tmp / "torn"
+    if not run.exists():
+        shutil.copytree(FIXTURE / "1_sd_L2", run)
+        text = (run / "summary.json").read_text()
+        (run / "summary.json").write_text(text[: len(text) // 2])
+    return run
+
+
+def _foreign(tmp: Path) -> Path:
+    """A folder that is no run directory."""
+    (tmp / "foreign").mkdir(exist_ok=True)
+    (tmp / "foreign" / "data.csv").write_text("a,b\n1,2\n")
+    return tmp / "foreign"
+
+
+def _broken_trace(tmp: Path) -> Path:
+    """A run with a trace file that is not gzip JSON."""
+    run = tmp / "broken"
+    shutil.copytree(FIXTURE / "2_pipespec_L0", run)
+    (run / "traces" / "00001.json.gz").write_bytes(b"\x1f\x8b truncated")
+    return run
+
+
+BAD_RESULTS = [
+    ("collect: foreign directory", "experiments.collect", _foreign),
+    ("collect: torn summary.json", "experiments.collect", _torn_summary),
+    ("analysis: foreign directory", "analysis.report", _foreign),
+    ("analysis: torn summary.json", "analysis.report", _torn_summary),
+    ("analysis: corrupt trace", "analysis.report", _broken_trace),
+]
+
+
+def _bad_results(tmp: Path, case: tuple) -> tuple:
+    """One bad results directory through its command: (name, finished process, no files, not Hydra's own)."""
+    name, module, make = case
+    bad = make(tmp)
+    done = subprocess.run([sys.executable, "-m", module, str(bad), *(["--out", str(tmp / "report")]
+                           if module == "analysis.report" else [])], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    return name, done, [], False
+
+
+def _refusal_problems(done, errors: list[str], hydras_own: bool) -> list[str]:
+    """How a command failed to refuse bad input cleanly (empty: it did)."""
+    problems = []
+    if hydras_own:
+        if done.returncode == 0 or "Traceback" in done.stderr:
+            problems.append("not refused cleanly")
+        return problems
+    if done.returncode != 2:
+        problems.append(f"exit code {done.returncode}")
+    if len(errors) != 1 or not errors[0].startswith("error: "):
+        problems.append("not exactly one 'error: ' line")
+    if "Traceback" in done.stderr:
+        problems.append("a traceback")
+    return problems
+
+
+def _judge(outcome: tuple) -> tuple[str, str, list[str]]:
+    """(name, the line the command said, problems) of one bad-input outcome."""
+    name, done, wrote, hydras_own = outcome
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    first = errors[0] if errors else (done.stderr.strip().splitlines() or ["(nothing)"])[0]
+    if hydras_own:
+        said = [line for line in done.stderr.splitlines()
+                if "max_new_token" in line and "+" not in line and not line[:1].isspace()]  # fmt: skip
+        first = " ".join(said) or first
+    problems = _refusal_problems(done, errors, hydras_own)
+    if wrote:
+        problems.append(f"wrote {', '.join(wrote)}")
+    return name, first, problems
+
+
 def run_bad_inputs(log) -> dict:
     from experiments.hierarchies import tiny_model_dir
-    from experiments.tiny import build_tiny_hierarchy
 
     tiny_model_dir("target")  # built once, before several processes want it
     failures, lines = [], []
     with tempfile.TemporaryDirectory(prefix="pipespec-reliability-") as tmp:
         tmp = Path(tmp)
-        other_vocab = build_tiny_hierarchy(tmp / "vocab300", [], vocab_size=300)[0]
-        (tmp / "empty.jsonl").write_text("")
-        (tmp / "one.jsonl").write_text(json.dumps({"id": "1", "document": "A story.", "summary": "Story."}) + "\n")
-        fill = {"OTHER_VOCAB": other_vocab, "EMPTY": str(tmp / "empty.jsonl"), "ONE_ROW": str(tmp / "one.jsonl")}
-
-        def one(case):
-            name, overrides = case
-            for key, value in fill.items():
-                overrides = [o.replace(key, value) for o in overrides]
-            run_dir = tmp / name.replace(" ", "_").replace("<=", "le")
-            dataset = [] if any(o.startswith("dataset=") for o in overrides) else ["dataset=news_lee_cnndm"]
-            args = ["models=tiny_k2", *dataset, "dataset.n_samples=1", "max_new_tokens=4", *overrides,
-                    "run.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
-            done = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=300)  # fmt: skip
-            wrote = [f for f in ("samples.jsonl", "summary.json") if (run_dir / f).exists()]
-            return name, done, wrote, name == "config key that does not exist"
-
-        def results_case(name, module, make):
-            bad = make(tmp)
-            done = subprocess.run([sys.executable, "-m", module, str(bad), *(["--out", str(tmp / "report")]
-                                   if module == "analysis.report" else [])], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=120)  # fmt: skip
-            return name, done, [], False
-
-        fixture = ROOT / "tests" / "fixtures" / "results_tiny"
-
-        def torn_summary(tmp):
-            run = tmp / "torn"
-            if not run.exists():
-                shutil.copytree(fixture / "1_sd_L2", run)
-                text = (run / "summary.json").read_text()
-                (run / "summary.json").write_text(text[: len(text) // 2])
-            return run
-
-        def foreign(tmp):
-            (tmp / "foreign").mkdir(exist_ok=True)
-            (tmp / "foreign" / "data.csv").write_text("a,b\n1,2\n")
-            return tmp / "foreign"
-
-        def broken_trace(tmp):
-            run = tmp / "broken"
-            shutil.copytree(fixture / "2_pipespec_L0", run)
-            (run / "traces" / "00001.json.gz").write_bytes(b"\x1f\x8b truncated")
-            return run
-
+        fill = _bad_input_files(tmp)
         with ThreadPoolExecutor(3) as pool:
-            outcomes = list(pool.map(one, BAD_RUN_OPTIONS))
-        outcomes += [
-            results_case("collect: foreign directory", "experiments.collect", foreign),
-            results_case("collect: torn summary.json", "experiments.collect", torn_summary),
-            results_case("analysis: foreign directory", "analysis.report", foreign),
-            results_case("analysis: torn summary.json", "analysis.report", torn_summary),
-            results_case("analysis: corrupt trace", "analysis.report", broken_trace),
-        ]
-        for name, done, wrote, hydras_own in outcomes:
-            errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
-            # Hydra's own message for an unknown key is several lines and exit code 1: accepted as is
-            first = errors[0] if errors else (done.stderr.strip().splitlines() or ["(nothing)"])[0]
-            problems = []
-            if hydras_own:
-                if done.returncode == 0 or "Traceback" in done.stderr:
-                    problems.append("not refused cleanly")
-                said = [line for line in done.stderr.splitlines()
-                        if "max_new_token" in line and "+" not in line and not line[:1].isspace()]  # fmt: skip
-                first = " ".join(said) or first
-            else:
-                if done.returncode != 2:
-                    problems.append(f"exit code {done.returncode}")
-                if len(errors) != 1 or not errors[0].startswith("error: "):
-                    problems.append("not exactly one 'error: ' line")
-                if "Traceback" in done.stderr:
-                    problems.append("a traceback")
-            if wrote:
-                problems.append(f"wrote {', '.join(wrote)}")
-            lines.append((name, first.replace(str(tmp), "TMP"), problems))
+            outcomes = list(pool.map(lambda case: _bad_run(tmp, fill, case), BAD_RUN_OPTIONS))
+        outcomes += [_bad_results(tmp, case) for case in BAD_RESULTS]
+        for outcome in outcomes:
+            name, first, problems = _judge(outcome)
+            first = first.replace(str(tmp), "TMP")
+            lines.append((name, first, problems))
             if problems:
                 failures.append(f"{name}: {'; '.join(problems)}")
-            log(f"  {name}: {first.replace(str(tmp), 'TMP')}{'  FAILED: ' + '; '.join(problems) if problems else ''}")
+            log(f"  {name}: {first}{'  FAILED: ' + '; '.join(problems) if problems else ''}")
     return {"lines": lines, "failures": failures}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import figures, report, wallclock
+from analysis import evaluate, figures, report
 from analysis import import_official as official
 from analysis.runs import find_runs, greedy_reference, select_runs
 
@@ -96,7 +96,7 @@ def test_runs_are_selected_by_what_they_are(tmp_path):
 def test_official_gpu_figure_averages_active_gpus_only():
     logs = official.load_dir(OFFICIAL_DIR)
     drawn = figures.official_figures(logs, OFFICIAL_DIR)["fig5_gpu_utilisation"]()
-    greedy = next(g for g in wallclock.largest_target_logs(logs) if g.strategy == "greedy")
+    greedy = next(g for g in official.largest_target_logs(logs) if g.strategy == "greedy")
     raw = json.loads(greedy.path.read_text())
     devices = [int(d.split(":")[1]) for c in raw["metadata"]["model_configs"] for d in c["devices"]]
     stats = raw["results"][0]["gpustats"]
@@ -130,7 +130,7 @@ def fixture_report(tmp_path_factory):
 
 def test_report_holds_both_models_errors_per_run(fixture_report):
     out, md, page = fixture_report
-    evaluations = wallclock.evaluate_runs(find_runs([FIXTURE]))
+    evaluations = evaluate.evaluate_runs(find_runs([FIXTURE]))
     assert "| ours error |" in md and "| paper error |" in md
     for evaluation in evaluations:
         row = next(line for line in md.splitlines() if line.startswith(f"| {evaluation.run.label} |"))
@@ -173,7 +173,7 @@ def test_report_rejects_foreign_and_corrupted_directories(tmp_path):
 
 
 def test_analysis_never_imports_torch():
-    code = ("import sys, analysis.fit, analysis.wallclock, analysis.figures, analysis.report, analysis.runs, "
+    code = ("import sys, analysis.fit, analysis.evaluate, analysis.predict, analysis.figures, analysis.report, analysis.runs, "
             "analysis.simulate, analysis.import_official, analysis.paper_model; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert _run("-c", code).returncode == 0

@@ -18,6 +18,7 @@ import pytest
 from analysis import fit
 from analysis import import_official as official
 from analysis import paper_model as pm
+from analysis import predict
 from analysis.runs import ResultsError, find_runs, load_run
 from pipespec.trace import StageTrace
 
@@ -76,6 +77,29 @@ def test_mle_edge_cases():
         fit.fit_alpha([0], [0])
 
 
+def test_estimate_alpha_by_hand():
+    # counts 3, 1, 2 -> accepted drafts 2, 0, 1 (S = 3); no window: 3 rejections -> 3 / 6
+    assert fit.estimate_alpha([3, 1, 2]) == pytest.approx(0.5)
+    # window 2: the count 3 (2 drafts accepted of 2 offered) shows no rejection -> 3 / (3 + 2)
+    assert fit.estimate_alpha([3, 1, 2], window=2) == pytest.approx(0.6)
+    # per-verification windows
+    assert fit.estimate_alpha([3, 1, 2], window=[2, 5, 1]) == pytest.approx(3 / 4)
+    assert fit.estimate_alpha([5, 5], window=4) == 1.0
+    with pytest.raises(ValueError, match="counts"):
+        fit.estimate_alpha([])
+    with pytest.raises(ValueError, match="counts"):
+        fit.estimate_alpha([0, 2])
+
+
+def test_estimate_alpha_recovers_truncated_geometric():
+    rng = np.random.default_rng(0)
+    alpha, window = 0.7, 6
+    accepted = np.minimum(rng.geometric(1 - alpha, size=20000) - 1, window)
+    assert fit.estimate_alpha(accepted + 1, window=window) == pytest.approx(alpha, abs=0.01)
+    # ignoring the truncation biases the estimate downwards (the documented lower bound)
+    assert fit.estimate_alpha(accepted + 1) < alpha - 0.02
+
+
 # --------------------------------------------------------------------------- step cost
 
 
@@ -110,7 +134,7 @@ def test_cost_fit_single_n_and_stage_cost():
     assert cost.per_token == 0.0 and cost.fixed == pytest.approx(0.11)
     assert not cost.identifiable
     negative = fit.CostFit(fixed=-0.01, per_token=0.05, points=3, min_fed=2, max_fed=5, residual_std=0.0)
-    stage = negative.stage_cost(extra_fixed=0.002)
+    stage = predict.fitted_cost(negative, extra_fixed=0.002)
     assert stage(1) == pytest.approx(negative(1) + 0.002) and stage.fixed >= 0
 
 

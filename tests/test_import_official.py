@@ -5,9 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from analysis import fit
 from analysis import import_official as io_
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +77,8 @@ def test_sync_window_and_alpha_on_official_chain():
     assert io_.sync_window(log) == 7  # lookahead 8: 7 drafts + the verifier's token
     counts = io_.accepted_counts(log, 0)
     assert max(counts) == 8
-    censored = io_.estimate_alpha(counts, window=7)
-    lower = io_.estimate_alpha(counts)
+    censored = fit.estimate_alpha(counts, window=7)
+    lower = fit.estimate_alpha(counts)
     assert 0.0 < lower < censored < 1.0
 
 
@@ -225,26 +225,3 @@ def test_cli_bad_file_is_named(tmp_path, content, reason):
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     with pytest.raises(io_.OfficialLogError, match="broken.json"):
         io_.load_log(tmp_path / "broken.json")
-
-
-def test_estimate_alpha_by_hand():
-    # counts 3, 1, 2 -> accepted drafts 2, 0, 1 (S = 3); no window: 3 rejections -> 3 / 6
-    assert io_.estimate_alpha([3, 1, 2]) == pytest.approx(0.5)
-    # window 2: the count 3 (2 drafts accepted of 2 offered) shows no rejection -> 3 / (3 + 2)
-    assert io_.estimate_alpha([3, 1, 2], window=2) == pytest.approx(0.6)
-    # per-verification windows
-    assert io_.estimate_alpha([3, 1, 2], window=[2, 5, 1]) == pytest.approx(3 / 4)
-    assert io_.estimate_alpha([5, 5], window=4) == 1.0
-    with pytest.raises(ValueError, match="counts"):
-        io_.estimate_alpha([])
-    with pytest.raises(ValueError, match="counts"):
-        io_.estimate_alpha([0, 2])
-
-
-def test_estimate_alpha_recovers_truncated_geometric():
-    rng = np.random.default_rng(0)
-    alpha, window = 0.7, 6
-    accepted = np.minimum(rng.geometric(1 - alpha, size=20000) - 1, window)
-    assert io_.estimate_alpha(accepted + 1, window=window) == pytest.approx(alpha, abs=0.01)
-    # ignoring the truncation biases the estimate downwards (the documented lower bound)
-    assert io_.estimate_alpha(accepted + 1) < alpha - 0.02

@@ -10,7 +10,7 @@ What is verified
 - End to end: a sampled multirun of the Hydra runner (a sampled greedy-strategy reference and a
   sampled pipespec run) records its sampling options, `analysis.runs` reads it, `measure_run`
   gives a finite alpha for the target pair that agrees with the run's own counts, and
-  `analysis.report`, `experiments.collect` and `analysis.wallclock` exit 0 and show the acceptance,
+  `analysis.report`, `experiments.collect` and `analysis.evaluate` exit 0 and show the acceptance,
   without a token-by-token "identical to greedy" count (meaningless when sampling).
 
 Why the ground truth is right
@@ -313,8 +313,8 @@ def test_analysis_commands_handle_sampled_runs(sampled_sweep, tmp_path):
     assert float(row["speedup_vs_greedy"]) > 0
     assert table_row(collected.stdout, "greedy")["identical_to_greedy"] == "(reference)"
 
-    wallclock = run_module("analysis.wallclock", sweep)
-    assert wallclock.returncode == 0, wallclock.stderr[-3000:]
-    line = next(line for line in wallclock.stdout.splitlines() if line.startswith("tiny_k2 pipespec L=2"))
+    evaluated = run_module("analysis.evaluate", sweep)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    line = next(line for line in evaluated.stdout.splitlines() if line.startswith("tiny_k2 pipespec L=2"))
     measured = float(line[48:].split()[0])
     assert measured == pytest.approx(read_summary(runs["pipespec"])["tokens_per_s"], rel=1e-3)

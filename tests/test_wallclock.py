@@ -1,4 +1,5 @@
-"""Tests of analysis.wallclock (our wall-clock model) and of the simulator's contention option.
+"""Tests of our wall-clock predictor (analysis.predict) on hand-made hierarchies, measured runs and the
+published logs (analysis.evaluate), and of the simulator's contention option.
 
 - greedy and sd predictions equal their closed forms / the simulator plus the
   latencies the model adds (start-up, handoffs), so the bookkeeping is exact;
@@ -12,13 +13,15 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from analysis import fit, wallclock
+from analysis import evaluate, fit
 from analysis import import_official as official
+from analysis import predict as pr
 from analysis import simulate as sim
 from analysis.runs import find_runs
 
@@ -36,12 +39,12 @@ TABLE2_70B = [  # (file, strategy): the paper's Table 2 SD and PipeSpec rows of 
 
 
 def _model(alphas=(0.8,), handoff=0.0, prefill=0.0, dispatch=0.0, contention=0.0):
-    stages = [wallclock.StageModel("draft", sim.StageCost(0.01, 0.001), contention=contention)]
-    stages += [wallclock.StageModel(f"mid{i}", sim.StageCost(0.03, 0.002), contention=contention)
+    stages = [pr.StageModel("draft", sim.StageCost(0.01, 0.001), contention=contention)]
+    stages += [pr.StageModel(f"mid{i}", sim.StageCost(0.03, 0.002), contention=contention)
                for i in range(len(alphas) - 1)]
-    stages.append(wallclock.StageModel("target", sim.StageCost(0.06, 0.004), prefill_s_per_token=prefill,
+    stages.append(pr.StageModel("target", sim.StageCost(0.06, 0.004), prefill_s_per_token=prefill,
                                        contention=contention))
-    return wallclock.HierarchyModel(tuple(stages), tuple(alphas), handoff, dispatch)
+    return pr.Hierarchy(tuple(stages), tuple(sim.Bernoulli(a) for a in alphas), handoff, dispatch)
 
 
 # --------------------------------------------------------------------------- exact bookkeeping
@@ -49,7 +52,7 @@ def _model(alphas=(0.8,), handoff=0.0, prefill=0.0, dispatch=0.0, contention=0.0
 
 def test_greedy_is_tokens_times_one_step_plus_startup():
     model = _model(prefill=0.001, dispatch=0.02)
-    prediction = wallclock.predict(model, "greedy", [100, 50], [200, 300])
+    prediction = pr.predict(model, "greedy", [100, 50], [200, 300])
     t1 = 0.064
     startup = (0.2 - t1) + (0.3 - t1) + 2 * 0.02  # prefill beyond one ordinary step, plus dispatch
     assert prediction.seconds == pytest.approx(150 * t1 + startup)
@@ -59,30 +62,30 @@ def test_greedy_is_tokens_times_one_step_plus_startup():
 
 def test_sd_is_the_simulator_plus_handoffs():
     model = _model(alphas=(0.7,), handoff=0.003)
-    prediction = wallclock.predict(model, "sd", [200], lookahead=4, repeats=1)
+    prediction = pr.predict(replace(model, seeds=(0,)), "sd", [200], lookahead=4)
     result = sim.simulate_sync_sd([s.cost for s in model.stages], [sim.Bernoulli(0.7)], 4, 200, seed=0)
     assert prediction.seconds == pytest.approx(result.total_time + result.target_steps * 2 * 0.003)
-    assert prediction.target_gamma == pytest.approx(4.0)
+    assert prediction.offered_per_verify == pytest.approx(4.0)
 
 
 def test_pipespec_faster_with_higher_alpha_and_slower_with_depth_latency():
-    slow = wallclock.predict(_model(alphas=(0.5,)), "pipespec", [300] * 3)
-    fast = wallclock.predict(_model(alphas=(0.9,)), "pipespec", [300] * 3)
+    slow = pr.predict(_model(alphas=(0.5,)), "pipespec", [300] * 3)
+    fast = pr.predict(_model(alphas=(0.9,)), "pipespec", [300] * 3)
     assert fast.tokens_per_s > slow.tokens_per_s
     assert fast.tokens_per_target_step > slow.tokens_per_target_step
-    delayed = wallclock.predict(_model(alphas=(0.9,), handoff=0.02), "pipespec", [300] * 3)
+    delayed = pr.predict(_model(alphas=(0.9,), handoff=0.02), "pipespec", [300] * 3)
     assert delayed.tokens_per_s < fast.tokens_per_s  # rollbacks arrive late: drafter works on stale context
-    deep = wallclock.predict(_model(alphas=(0.9, 0.9)), "pipespec", [300] * 3)
+    deep = pr.predict(_model(alphas=(0.9, 0.9)), "pipespec", [300] * 3)
     assert len(deep.busy_fraction) == 3 and deep.bottleneck == 2
 
 
 def test_input_validation():
-    with pytest.raises(ValueError, match="alphas"):
-        wallclock.HierarchyModel((wallclock.StageModel("a", sim.StageCost(0.01)),) * 2, ())
+    with pytest.raises(ValueError, match="acceptance"):
+        pr.Hierarchy((pr.StageModel("a", sim.StageCost(0.01)),) * 2, ())
     with pytest.raises(ValueError, match="new_tokens"):
-        wallclock.predict(_model(), "pipespec", [])
+        pr.predict(_model(), "pipespec", [])
     with pytest.raises(ValueError, match="unknown strategy"):
-        wallclock.predict(_model(), "beam", [10])
+        pr.predict(_model(), "beam", [10])
 
 
 # --------------------------------------------------------------------------- contention in the simulator
@@ -129,7 +132,7 @@ def test_simulator_supply_and_waiting_for_an_answer():
 
 
 def test_two_rate_acceptance():
-    rng_spec = wallclock.TwoRateAcceptance(alpha=0.9, first=0.3)
+    rng_spec = pr.TwoRateAcceptance(alpha=0.9, first=0.3)
     sampler = rng_spec.sampler(np.random.default_rng(0))
     counts = [sampler.verify(8) for _ in range(20000)]
     offered = [8] * len(counts)
@@ -139,18 +142,18 @@ def test_two_rate_acceptance():
     assert fit.fit_two_rates(counts, offered)[0] > 0.35  # ignoring the state mixes continuing runs in
     # own tokens after one-token steps start runs: they agree with the drafter at the first rate
     assert np.mean([sampler.agrees() for _ in range(20000)]) == pytest.approx(0.3, abs=0.01)
-    iid = wallclock.TwoRateAcceptance(alpha=0.7, first=0.7).sampler(np.random.default_rng(1))
+    iid = pr.TwoRateAcceptance(alpha=0.7, first=0.7).sampler(np.random.default_rng(1))
     assert np.mean([iid.verify(4) for _ in range(20000)]) == pytest.approx(
         0.7 * (1 - 0.7**4) / (1 - 0.7), abs=0.03)  # i.i.d.: mean of the truncated geometric
     with pytest.raises(ValueError):
-        wallclock.TwoRateAcceptance(alpha=0.5, first=1.5)
+        pr.TwoRateAcceptance(alpha=0.5, first=1.5)
 
 
 # --------------------------------------------------------------------------- measured runs
 
 
 def test_model_within_15_percent_on_fixture_runs():
-    evaluations = wallclock.evaluate_runs(find_runs([FIXTURE]))
+    evaluations = evaluate.evaluate_runs(find_runs([FIXTURE]))
     assert [e.run.strategy for e in evaluations] == ["greedy", "sd", "pipespec"]
     for evaluation in evaluations:
         assert abs(evaluation.ours_error) < 0.15, (evaluation.run.label, evaluation.ours_error)
@@ -159,19 +162,20 @@ def test_model_within_15_percent_on_fixture_runs():
     assert evaluations[1].paper_t1_source == "greedy run"
     assert evaluations[1].paper_t1_s == pytest.approx(evaluations[0].paper_t1_s)
     pair = evaluations[2].measurement.pairs[0]
-    model = wallclock.model_from_measurement(evaluations[2].measurement)
-    assert model.alphas == (pair.alpha_next,) and model.alphas_first == (pair.alpha_first,)
+    model = pr.Hierarchy.from_measurement(evaluations[2].measurement)
+    assert model.acceptance == (pr.TwoRateAcceptance(pair.alpha_next, pair.alpha_first),)
     assert model.handoff_s == evaluations[2].measurement.handoff_s > 0
-    iid = wallclock.model_from_measurement(evaluations[2].measurement, two_rate=False)
-    assert iid.alphas == (pytest.approx(pair.alpha.alpha),) and iid.alphas_first is None
+    iid = pr.Hierarchy.from_measurement(evaluations[2].measurement, two_rate=False)
+    assert [a.alpha for a in iid.acceptance] == [pytest.approx(pair.alpha.alpha)]
+    assert [type(a) for a in iid.acceptance] == [sim.Bernoulli]
 
 
 def test_cli_on_runs_and_bad_directory(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "analysis.wallclock", str(FIXTURE), "--tolerance", "0.15"],
+    done = subprocess.run([sys.executable, "-m", "analysis.evaluate", str(FIXTURE), "--tolerance", "0.15"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "pipespec L=0" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "analysis.wallclock", str(tmp_path)], cwd=REPO_ROOT,
+    bad = subprocess.run([sys.executable, "-m", "analysis.evaluate", str(tmp_path)], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0 and str(tmp_path) in bad.stderr
@@ -190,7 +194,7 @@ def greedy_70b():
 @needs_official
 @pytest.mark.parametrize("file,strategy", TABLE2_70B)
 def test_simulator_reproduces_published_70b_ms_per_token(greedy_70b, file, strategy):
-    prediction = wallclock.predict_official(official.load_log(OFFICIAL_DIR / file), greedy_70b)
+    prediction = evaluate.predict_official(official.load_log(OFFICIAL_DIR / file), greedy_70b)
     assert prediction.strategy == strategy
     assert abs(prediction.ours_error) < 0.15, prediction
     # the paper's model, which prices a 0.43 s verification like a 0.12 s step, misses by far more
@@ -204,6 +208,6 @@ def test_simulator_reproduces_published_70b_ms_per_token(greedy_70b, file, strat
 def test_calibrated_alpha_agrees_with_the_synchronous_logs_censored_mle(greedy_70b):
     # the async log never recorded offered drafts; its calibrated alpha must match the
     # independent censored MLE of the same pair from the synchronous log (known window)
-    async_prediction = wallclock.predict_official(official.load_log(OFFICIAL_DIR / TABLE2_70B[2][0]), greedy_70b)
+    async_prediction = evaluate.predict_official(official.load_log(OFFICIAL_DIR / TABLE2_70B[2][0]), greedy_70b)
     sync = fit.measure_official(official.load_log(OFFICIAL_DIR / TABLE2_70B[0][0]))
     assert async_prediction.alphas[0] == pytest.approx(sync.alphas[0], abs=0.015)

@@ -175,66 +175,105 @@ def _hierarchy_entry(hierarchy) -> dict[str, Any]:
             "kernels": [resolved_kernels(s) for s in hierarchy.stages]}  # fmt: skip
 
 
-def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=None) -> dict[str, Any]:
-    """The report: a row per system (rates over repetitions, identical counts, acceptance, bound), targets, notes."""
-    import torch
-    import transformers
+def _settings(by_name: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The settings system `name` ran with; None when it did not run."""
+    return by_name[name].settings if name in by_name else None
 
-    by_name = {s.name: s for s in systems}
-    reference_name = "hf_greedy" if "hf_greedy" in by_name else ("greedy" if "greedy" in by_name else None)
-    reference = {}
-    if reference_name:
-        for rep, index, result in by_name[reference_name].runs:
-            reference.setdefault(index, result.tokens)
-    rows = []
-    for system in systems:
-        per_rep = [
-            _rate([r for rep_, _, r in system.runs if rep_ == rep]) for rep in range(cfg["repetitions"])
+
+def _reference(by_name: Mapping[str, Any]) -> tuple[str | None, dict[int, list[int]]]:
+    """The system every output is compared with (HF greedy, else our greedy, else None) and its first
+    output per prompt index."""
+    name = "hf_greedy" if "hf_greedy" in by_name else ("greedy" if "greedy" in by_name else None)
+    tokens: dict[int, list[int]] = {}
+    if name:
+        for _, index, result in by_name[name].runs:
+            tokens.setdefault(index, result.tokens)
+    return name, tokens
+
+
+def _rate_fields(system, repetitions: int, reference: Mapping[int, list[int]], rss) -> dict[str, Any]:
+    """The first fields of a system's row: its rates per repetition and pooled, counts, agreement with the
+    reference and peak RSS per process."""
+    per_rep = [_rate([r for rep_, _, r in system.runs if rep_ == rep]) for rep in range(repetitions)]
+    results = [r for _, _, r in system.runs]
+    identical = sum(r.tokens == reference.get(i) for _, i, r in system.runs) if reference else None
+    return {
+        "name": system.name,
+        "kind": system.kind,
+        "hierarchy": system.hierarchy,
+        "stages": list(system.stages),
+        "settings": system.settings,
+        "tokens_per_s_median": median(per_rep),
+        "tokens_per_s_min": min(per_rep),
+        "tokens_per_s_max": max(per_rep),
+        "tokens_per_s_per_repetition": per_rep,
+        "tokens_per_s_pooled": _rate(results),
+        "runs": len(results),
+        "tokens": sum(len(r.tokens) for r in results),
+        "identical_to_greedy": f"{identical}/{len(results)}" if identical is not None else None,
+        "identical_to_greedy_count": identical,
+        "peak_rss_mb": rss.report(system.name, system.processes()),
+    }
+
+
+def _breakdown_fields(system, tokens: int, pooled_rate: float) -> dict[str, Any]:
+    """The rest of a system's row: the target's acceptance and busy fraction, the ideal-pipeline bound, the
+    per-stage breakdown and (pipelines of 3 or more stages) each verifying stage's acceptance."""
+    results = [r for _, _, r in system.runs]
+    if system.kind == "hf":
+        breakdown, bound = analyse_hf_runs(results), None
+    else:
+        breakdown = analyse_pipeline_runs(results, len(system.stages), system.stages)
+        bound = breakdown["ideal"]["tokens_per_s"]
+    target: StageStats = breakdown.pop("target")
+    fields = {
+        "mean_acceptance_length": target.mean_acceptance_length,
+        "draft_acceptance_rate": target.draft_acceptance_rate,
+        "tokens_per_target_step": tokens / target.steps if target.steps else None,
+        "target_busy_fraction": target.busy_fraction,
+        "ideal_bound_tokens_per_s": bound,
+        "fraction_of_bound": pooled_rate / bound if bound else None,
+        "breakdown": breakdown,
+    }
+    if system.kind != "hf" and len(system.stages) > 2:
+        fields["pairs"] = [
+            {key: s[key] for key in ("stage", "mean_acceptance_length", "draft_acceptance_rate")}
+            for s in breakdown["stages"] if s["verify_steps"]
         ]
-        results = [r for _, _, r in system.runs]
-        identical = sum(r.tokens == reference.get(i) for _, i, r in system.runs) if reference else None
-        row: dict[str, Any] = {
-            "name": system.name,
-            "kind": system.kind,
-            "hierarchy": system.hierarchy,
-            "stages": list(system.stages),
-            "settings": system.settings,
-            "tokens_per_s_median": median(per_rep),
-            "tokens_per_s_min": min(per_rep),
-            "tokens_per_s_max": max(per_rep),
-            "tokens_per_s_per_repetition": per_rep,
-            "tokens_per_s_pooled": _rate(results),
-            "runs": len(results),
-            "tokens": sum(len(r.tokens) for r in results),
-            "identical_to_greedy": f"{identical}/{len(results)}" if identical is not None else None,
-            "identical_to_greedy_count": identical,
-            "peak_rss_mb": rss.report(system.name, system.processes()),
-        }
-        if system.kind == "hf":
-            breakdown, bound = analyse_hf_runs(results), None
-        else:
-            breakdown = analyse_pipeline_runs(results, len(system.stages), system.stages)
-            bound = breakdown["ideal"]["tokens_per_s"]
-        target: StageStats = breakdown.pop("target")
-        row.update({
-            "mean_acceptance_length": target.mean_acceptance_length,
-            "draft_acceptance_rate": target.draft_acceptance_rate,
-            "tokens_per_target_step": row["tokens"] / target.steps if target.steps else None,
-            "target_busy_fraction": target.busy_fraction,
-            "ideal_bound_tokens_per_s": bound,
-            "fraction_of_bound": row["tokens_per_s_pooled"] / bound if bound else None,
-            "breakdown": breakdown,
-        })
-        if system.kind != "hf" and len(system.stages) > 2:
-            row["pairs"] = [
-                {key: s[key] for key in ("stage", "mean_acceptance_length", "draft_acceptance_rate")}
-                for s in breakdown["stages"] if s["verify_steps"]
-            ]
-        rows.append(row)
+    return fields
+
+
+def system_row(system, repetitions: int, reference: Mapping[int, list[int]], rss) -> dict[str, Any]:
+    """A system's row of the report (its `ratio_vs_*` fields come from `_add_ratios`, over all rows)."""
+    row = _rate_fields(system, repetitions, reference, rss)
+    row.update(_breakdown_fields(system, row["tokens"], row["tokens_per_s_pooled"]))
+    return row
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's median rate over HF greedy's and HF assisted's (None where that system did not run)."""
     medians = {r["name"]: r["tokens_per_s_median"] for r in rows}
     for row in rows:
         for base in ("hf_greedy", "hf_assisted"):
             row[f"ratio_vs_{base}"] = row["tokens_per_s_median"] / medians[base] if medians.get(base) else None
+
+
+def _assisted_note(threshold: float) -> str:
+    """What HF assisted does with its confidence threshold here (transformers adapts it with scikit-learn only)."""
+    try:
+        import sklearn  # noqa: F401
+
+        adaptive = True
+    except ImportError:
+        adaptive = False
+    return ("HF assisted: the assistant stops drafting below confidence "
+            f"{threshold}"
+            + (" (adapted during generation: scikit-learn is installed)." if adaptive
+               else " (fixed: transformers adapts it only when scikit-learn is installed, and it is not)."))
+
+
+def _notes(repetitions: int, by_name: Mapping[str, Any], reference_name: str | None) -> list[str]:
+    """The report's notes: how its numbers are made, and what this run's settings mean for them."""
     notes = [
         "tokens/s per repetition = output tokens / generate wall time over all prompts of that repetition; "
         "median, min and max over repetitions.",
@@ -245,33 +284,40 @@ def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=No
         "HF systems run in the driver process: their peak RSS is the driver's, with every model it holds.",
         "HF prompt lookup continues the first (leftmost) n-gram match; our prompt-lookup stage the latest one.",
     ]
-    assisted = by_name["hf_assisted"].settings if "hf_assisted" in by_name else {}
+    assisted = _settings(by_name, "hf_assisted") or {}
     if assisted.get("assistant_confidence_threshold"):
-        try:
-            import sklearn  # noqa: F401
+        notes.append(_assisted_note(assisted["assistant_confidence_threshold"]))
+    if repetitions < 3:
+        notes.append(f"only {repetitions} repetition(s): min-max spread is not meaningful (3 or more give one).")
+    return notes
 
-            adaptive = True
-        except ImportError:
-            adaptive = False
-        notes.append(
-            "HF assisted: the assistant stops drafting below confidence "
-            f"{assisted['assistant_confidence_threshold']}"
-            + (" (adapted during generation: scikit-learn is installed)." if adaptive
-               else " (fixed: transformers adapts it only when scikit-learn is installed, and it is not).")
-        )
-    if cfg["repetitions"] < 3:
-        notes.append(f"only {cfg['repetitions']} repetition(s): min-max spread is not meaningful (3 or more give one).")
-    report = {
+
+def _machine() -> dict[str, Any]:
+    """The driver's machine: CPU, core count, platform and the versions of Python, torch and transformers."""
+    import torch
+    import transformers
+
+    return {
+        "cpu": cpu_info(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads_driver": torch.get_num_threads(),
+    }
+
+
+def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=None) -> dict[str, Any]:
+    """The report: a row per system (rates over repetitions, identical counts, acceptance, bound), targets, notes."""
+    by_name = {s.name: s for s in systems}
+    reference_name, reference = _reference(by_name)
+    rows = [system_row(system, cfg["repetitions"], reference, rss) for system in systems]
+    _add_ratios(rows)
+    sd = _settings(by_name, "sd") or {}
+    return {
         "config": {k: v for k, v in cfg.items() if k != "hydra"},
-        "machine": {
-            "cpu": cpu_info(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "torch_threads_driver": torch.get_num_threads(),
-        },
+        "machine": _machine(),
         "hierarchies": {"k2": _hierarchy_entry(k2), "k3": _hierarchy_entry(k3) if k3 else None,
                         **{name: _hierarchy_entry(h) for name, h in (more or {}).items()}},
         "hf_kernels": cfg["hf"]["kernels"],
@@ -281,15 +327,14 @@ def summarize(cfg, systems: list, prompts, rss, prepass, k2, k3, family, more=No
         "repetitions": cfg["repetitions"],
         "reference": reference_name,
         "prepass": prepass,
-        "sd_best_window": by_name["sd"].settings.get("window") if "sd" in by_name else None,
-        "sd_best_draft_confidence": by_name["sd"].settings.get("draft_confidence") if "sd" in by_name else None,
-        "hf_assisted_settings": by_name["hf_assisted"].settings if "hf_assisted" in by_name else None,
-        "auto": by_name["auto"].settings if "auto" in by_name else None,
+        "sd_best_window": sd.get("window"),
+        "sd_best_draft_confidence": sd.get("draft_confidence"),
+        "hf_assisted_settings": _settings(by_name, "hf_assisted"),
+        "auto": _settings(by_name, "auto"),
         "systems": rows,
-        "notes": notes,
+        "notes": _notes(cfg["repetitions"], by_name, reference_name),
+        "targets": check_targets(rows, cfg["targets"]),
     }
-    report["targets"] = check_targets(rows, cfg["targets"])
-    return report
 
 
 def _fmt(value, spec=".1f", none="-"):
