@@ -122,16 +122,13 @@ def cached_profile_path(specs: Sequence[StageSpec], hierarchy: str, dataset: str
     return cache_root() / "profiles" / f"{_safe(hierarchy)}-{_safe(dataset)}-{_profile_key(specs, prompts)}.json"
 
 
-def default_prompts(tokenizer, context_length: int, count: int) -> tuple[str, list[tuple[str, list[int]]]]:
+def default_prompts(tokenizer, context_length: int | None, count: int) -> tuple[str, list[tuple[str, list[int]]]]:
     """The first `count` HumanEval problems as base-model prompts (when the caller has none)."""
     from experiments.conf import load
-    from experiments.data import build_prompt_ids, load_dataset
+    from experiments.data import prompts_for
 
-    config = load("dataset", "humaneval")
-    dataset = load_dataset({**config, "n_samples": count})
-    prompts = [(s.sample_id, build_prompt_ids(s, config["prompt"], tokenizer, "base", context_length, 128)[0])
-               for s in dataset.samples]  # fmt: skip
-    return dataset.name, prompts
+    found = prompts_for(load("dataset", "humaneval"), tokenizer, "base", context_length, PREDICT_TOKENS, count=count)
+    return found.name, found.pairs()
 
 
 def ensure_profile(specs: Sequence[StageSpec], hierarchy: str, prompts: Callable[[], tuple[str, list]],
@@ -172,25 +169,12 @@ def check_auto_options(draft_confidence: float, value_stop: float = 0.0) -> None
                           "of a drafter stopping on its online estimates (leave it 0)")  # fmt: skip
 
 
-def choose_for_run(config: dict, specs: Sequence[StageSpec], dataset) -> AutoChoice:
-    """The runner's `strategy=auto` (`strategy.profile`: a profile path, or null for the cached short one),
-    measuring a missing short profile on the run's own first prompts."""
-    from experiments.data import build_prompt_ids
-    from pipespec.models import check_shared_vocabulary, context_length
-    from experiments.profiling import SHORT_PROMPTS
-
-    strategy = config["strategy"]
-    check_auto_options(strategy.get("draft_confidence", 0.0), strategy.get("value_stop", 0.0))
-
-    def prompts():
-        tokenizer = check_shared_vocabulary(specs)
-        family = config["models"].get("family", "base")
-        limit = context_length(specs[-1].model)
-        return dataset.name, [(s.sample_id, build_prompt_ids(s, config["dataset"]["prompt"], tokenizer, family, limit,
-                                                             config["max_new_tokens"])[0])
-                              for s in dataset.samples[:SHORT_PROMPTS]]  # fmt: skip
-
-    return choose(specs, strategy.get("profile"), config["models"]["name"], prompts)
+def choose_for_run(run, prompts) -> AutoChoice:
+    """The runner's `strategy=auto`: the choice for `run` (an `experiments.config.RunConfig`: its stages,
+    hierarchy and `strategy.profile`, a profile path or None for the cached short one), measuring a
+    missing short profile on the run's own first prompts (`prompts`, the run's
+    `experiments.data.DatasetPrompts`)."""
+    return choose(list(run.stages), run.profile, run.hierarchy, lambda: (prompts.name, prompts.pairs()))
 
 
 def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | None,

@@ -50,7 +50,7 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
     import torch
 
     from experiments import conf
-    from experiments.data import build_prompt_ids, load_dataset
+    from experiments.data import prompts_for
     from pipespec.decoding import greedy_generate
     from experiments.hierarchies import resolve_stage
     from pipespec.models import CausalLMRunner, context_length, eos_token_ids, load_model, load_tokenizer
@@ -67,23 +67,20 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
     runner = CausalLMRunner(load_model(spec))
     window = context_length(spec.model)
     for name, file in DATASETS.items():
-        cfg = conf.load("dataset", file)
-        cfg["n_samples"] = n
-        dataset = load_dataset(cfg)
+        found = prompts_for(conf.load("dataset", file), tokenizer, "chat", window, max_new_tokens, count=n)
         done = {s["sample_id"]: s for s in cache["datasets"].get(name, [])}
         samples = []
-        for sample in dataset.samples:
-            if sample.sample_id not in done:
-                prompt_ids, _ = build_prompt_ids(sample, cfg["prompt"], tokenizer, "chat", window, max_new_tokens)
+        for prompt in found.prompts:
+            if prompt.sample_id not in done:
                 started = time.perf_counter()
-                output = greedy_generate(runner, prompt_ids, max_new_tokens, eos)
+                output = greedy_generate(runner, prompt.ids, max_new_tokens, eos)
                 seconds = time.perf_counter() - started
-                done[sample.sample_id] = {"sample_id": sample.sample_id, "prompt_ids": prompt_ids, "output_ids": output}
-                print(f"{name} {sample.sample_id}: {len(output)} tokens, {len(output) / seconds:.1f} tok/s", flush=True)
+                done[prompt.sample_id] = {"sample_id": prompt.sample_id, "prompt_ids": prompt.ids, "output_ids": output}
+                print(f"{name} {prompt.sample_id}: {len(output)} tokens, {len(output) / seconds:.1f} tok/s", flush=True)
                 cache["datasets"][name] = list(done.values())
                 cache_path.parent.mkdir(parents=True, exist_ok=True)
                 cache_path.write_text(json.dumps(cache))
-            samples.append(done[sample.sample_id])
+            samples.append(done[prompt.sample_id])
         chosen = {s["sample_id"] for s in samples}
         # in dataset order (the order the simulation replays), then any recorded for a larger --n
         cache["datasets"][name] = samples + [s for k, s in done.items() if k not in chosen]
@@ -95,7 +92,8 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
 
 
 def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 15) -> list[float]:
-    """Median CPU seconds of one fp32 target pass feeding n = 1..max_rows tokens after a real prompt (1 thread).
+    """Median CPU seconds of one fp32 target pass feeding n = 1..max_rows tokens after a real prompt (1 thread),
+    in `repeats` sweeps over n (`experiments.profiling.interleaved_step_costs`).
 
     CPU time, not wall-clock: on a shared machine other processes preempt this one; they still share
     its memory bandwidth and caches, so the figures are an estimate of a quiet machine's, not a measure.
@@ -103,23 +101,13 @@ def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 
     import torch
 
     from experiments.hierarchies import resolve_stage
+    from experiments.profiling import interleaved_step_costs
     from pipespec.models import CausalLMRunner, load_model
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # torch then runs on this thread: its CPU time is the pass's
     runner = CausalLMRunner(load_model(resolve_stage({"model": "smollm2"})))
-    sample = cache["datasets"]["humaneval"][0]
-    prompt, extra = sample["prompt_ids"], sample["output_ids"][:max_rows]
-    runner.start()
-    runner.forward(prompt, [])
-    runner.truncate(len(prompt) - 1)
-    times: list[list[float]] = [[] for _ in range(max_rows)]
-    for _ in range(repeats):  # sizes interleaved: a burst of load elsewhere hits all of them alike
-        for n in range(1, max_rows + 1):
-            started = time.thread_time()  # CPU time (torch runs on this thread): other processes do not count
-            runner.forward(prompt, extra[: n - 1])
-            times[n - 1].append(time.thread_time() - started)
-            runner.truncate(len(prompt) - 1)
-    return [statistics.median(t) for t in times]
+    prompt = cache["datasets"]["humaneval"][0]["prompt_ids"]
+    return interleaved_step_costs({"target": runner}, prompt, max_rows, repeats, clock=time.thread_time)["target"]
 
 
 # ---- 3. simulation --------------------------------------------------------------------------------

@@ -258,17 +258,15 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
     return stage
 
 
-def compare(config: dict, max_fed: int, repeats: int, log=print, variants: tuple[str, ...] = KERNELS_COMPARED) -> dict:
-    from experiments.profile import profile_prompts
-    from experiments.hierarchies import resolve_stages
+def compare(run, max_fed: int, repeats: int, log=print, variants: tuple[str, ...] = KERNELS_COMPARED) -> dict:
+    """The report over every model stage of `run` (an `experiments.config.RunConfig`), on its prompts."""
     from pipespec.kernels import obstacle
     from pipespec.models import check_shared_vocabulary, context_length
     from experiments.machine import machine_facts
 
-    specs = resolve_stages(config["models"]["stages"])
-    tokenizer = check_shared_vocabulary(specs)
-    dataset, prompts = profile_prompts(config, tokenizer, context_length(specs[-1].model))
-    budget = config["max_new_tokens"]
+    specs = list(run.stages)
+    found = run.prompts(check_shared_vocabulary(specs), context_length(run.target.model))
+    prompts = found.pairs()
     stages = []
     for spec in specs:
         if spec.kind != "hf":
@@ -278,9 +276,9 @@ def compare(config: dict, max_fed: int, repeats: int, log=print, variants: tuple
             stages.append({"name": spec.label, "skipped": why_not})
             log(f"kernels: {spec.label}: skipped, {why_not}")
             continue
-        stages.append(compare_stage(spec, variants, prompts, max_fed, repeats, budget, log))
-    return {"models": config["models"]["name"], "dataset": dataset, "max_new_tokens": budget, "max_fed": max_fed,
-            "repeats": repeats, "variants": list(variants), "machine": machine_facts(specs),
+        stages.append(compare_stage(spec, variants, prompts, max_fed, repeats, run.budget, log))
+    return {"models": run.hierarchy, "dataset": found.name, "max_new_tokens": run.budget,
+            "max_fed": max_fed, "repeats": repeats, "variants": list(variants), "machine": machine_facts(specs),
             "stages": stages}  # fmt: skip
 
 
@@ -359,6 +357,7 @@ def format_markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from experiments.conf import compose
+    from experiments.config import RunConfig
     from experiments.data import DataError
     from pipespec.errors import ConfigError
 
@@ -380,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        config = compose("config", args.overrides)
-        report = compare(config, args.max_fed, args.repeats, log, variants)
+        run = RunConfig.from_config(compose("config", args.overrides))
+        report = compare(run, args.max_fed, args.repeats, log, variants)
     except (ConfigError, DataError) as error:
         print(f"error: {(str(error).strip().splitlines() or [type(error).__name__])[0]}", file=sys.stderr)
         return 2

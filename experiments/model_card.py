@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
-from statistics import median
 
 from experiments.conf import load as load_conf
 from pipespec.stats import StageStats, pool
@@ -28,41 +26,19 @@ HIERARCHIES = ("smollm2_int8_fp32", "smollm2_pld_int8_fp32", "smollm2_pld_fp32")
 DATASETS = ("humaneval", "news_lee_cnndm")
 
 
-def dataset_prompt_ids(name: str, n: int, tokenizer, context_length: int, max_new_tokens: int) -> list[list[int]]:
-    from experiments.data import build_prompt_ids, load_dataset
-
-    cfg = load_conf("dataset", name)
-    cfg["n_samples"] = n
-    dataset = load_dataset(cfg)
-    return [
-        build_prompt_ids(s, cfg["prompt"], tokenizer, "chat", context_length, max_new_tokens)[0]
-        for s in dataset.samples
-    ]
-
-
 def step_costs_ms(spec, context_tokens: int = 200, max_n: int = 16, repeats: int = 5) -> list[float]:
-    """Median ms of one forward over n new tokens onto a `context_tokens` cache, n = 1..max_n."""
+    """Median ms of one forward feeding n = 1..max_n new tokens onto a `context_tokens` cache of random
+    tokens, in `repeats` sweeps over n (`experiments.profiling.interleaved_step_costs`)."""
     import torch
 
+    from experiments.profiling import interleaved_step_costs
     from pipespec.models import CausalLMRunner, load_model
 
     torch.set_num_threads(spec.threads)
     runner = CausalLMRunner(load_model(spec))
     generator = torch.Generator().manual_seed(0)
-    sequence = torch.randint(100, 40000, (context_tokens + max_n,), generator=generator).tolist()
-    runner.start()
-    runner.forward(sequence[: context_tokens + 1], [])  # prefill: the cache now holds context + 1
-    runner.truncate(context_tokens)
-    costs = []
-    for n in range(1, max_n + 1):
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            runner.forward(sequence[: context_tokens + n], [])
-            times.append(time.perf_counter() - started)
-            runner.truncate(context_tokens)
-        costs.append(1000 * median(times))
-    return costs
+    context = torch.randint(100, 40000, (context_tokens + 1,), generator=generator).tolist()  # the cache + 1 fed
+    return [1000 * t for t in interleaved_step_costs({spec.label: runner}, context, max_n, repeats)[spec.label]]
 
 
 def idle_cpu_fraction(pipe, prompt_ids: list[int], max_new_tokens: int) -> float:
@@ -78,13 +54,15 @@ def idle_cpu_fraction(pipe, prompt_ids: list[int], max_new_tokens: int) -> float
 
 def measure_hierarchy(name: str, samples: int, max_new_tokens: int, sd_lookahead: int, progress) -> dict:
     from pipespec.api import Pipeline
+    from experiments.data import prompts_for
     from experiments.hierarchies import load_hierarchy
 
     specs = load_hierarchy(name)
     rows = {}
     with Pipeline(specs) as pipe:
         for dataset in DATASETS:
-            prompts = dataset_prompt_ids(dataset, samples, pipe.tokenizer, pipe.context_length, max_new_tokens)
+            prompts = prompts_for(load_conf("dataset", dataset), pipe.tokenizer, "chat", pipe.context_length,
+                                  max_new_tokens, count=samples).ids()  # fmt: skip
             runs = {"greedy": [], "sd": [], "pipespec": []}
             for ids in progress(prompts, desc=f"{name} {dataset}"):
                 for strategy, lookahead in (("greedy", 0), ("sd", sd_lookahead), ("pipespec", 0)):

@@ -26,21 +26,6 @@ from experiments.conf import CONFIG_PATH  # noqa: E402
 PROFILE_FILE = "profile.json"
 
 
-def profile_prompts(config: dict, tokenizer, context_length) -> tuple[str, list[tuple[str, list[int]]]]:
-    """(dataset name, [(sample id, prompt ids)]) as a run of the same config would build them."""
-    from experiments.data import build_prompt_ids, load_dataset
-
-    dataset = load_dataset(config["dataset"])
-    family = config["models"].get("family", "base")
-    template = config["dataset"]["prompt"]
-    budget = config["max_new_tokens"]
-    prompts = [
-        (s.sample_id, build_prompt_ids(s, template, tokenizer, family, context_length, budget)[0])
-        for s in dataset.samples
-    ]
-    return dataset.name, prompts
-
-
 def read_costs_from(path: str | None) -> dict | None:
     """The JSON of the profile named by `costs_from` (with its "path"), or None; a `ConfigError` if unreadable."""
     from pipespec.errors import ConfigError
@@ -60,18 +45,23 @@ def read_costs_from(path: str | None) -> dict | None:
 
 
 def write_profile(config: dict, run_dir: str | Path) -> Path:
+    """Measure the profile `config` (a composed conf/profile.yaml) describes into `run_dir`/profile.json, on
+    the prompts a run of the same models, dataset and max_new_tokens would take."""
+    from experiments.config import check_budget, check_family
+    from experiments.data import prompts_for
     from experiments.hierarchies import resolve_stages
     from pipespec.models import check_shared_vocabulary, context_length
     from experiments.profiling import ProfileOptions, measure_profile
 
     options = ProfileOptions(**(config.get("profile") or {}))
+    family, budget = check_family(config["models"].get("family", "base")), check_budget(config["max_new_tokens"])
     specs = resolve_stages(config["models"]["stages"])
     tokenizer = check_shared_vocabulary(specs)
-    dataset, prompts = profile_prompts(config, tokenizer, context_length(specs[-1].model))
+    prompts = prompts_for(config["dataset"], tokenizer, family, context_length(specs[-1].model), budget)
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     costs_from = read_costs_from(config.get("costs_from"))
-    profile = measure_profile(specs, config["models"]["name"], prompts, options, dataset=dataset, log=log,
-                              costs_from=costs_from)  # fmt: skip
+    profile = measure_profile(specs, config["models"]["name"], prompts.pairs(), options, dataset=prompts.name,
+                              log=log, costs_from=costs_from)  # fmt: skip
     path = Path(run_dir) / PROFILE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile, indent=1))

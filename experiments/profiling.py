@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
-import platform
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -45,6 +42,7 @@ from pipespec.drafters import common_prefix
 from pipespec.errors import ConfigError
 from experiments.machine import machine_facts, stage_identity
 from pipespec.specs import StageSpec
+from pipespec.timing import interleaved_step_times, medians
 
 BACKGROUND_START_S = 300.0  # a background stage must have loaded its model and started within this
 BACKGROUND_STEP_S = 30.0  # and pause within this (one step) when told to
@@ -90,42 +88,15 @@ def _runner(spec: StageSpec):
 
 
 def interleaved_step_costs(runners: dict, context: Sequence[int], max_fed: int, repeats: int,
-                           before: Callable[[Any], None] | None = None) -> dict:
+                           before: Callable[[Any], None] | None = None,
+                           clock: Callable[[], float] = time.perf_counter) -> dict:  # fmt: skip
     """Median seconds of a forward pass feeding n = 1..max_fed tokens after `context` on a warm cache, of
     several runners at once ({key: runner} -> {key: t(n) list}), their sweeps alternating
-    (`interleaved_step_times`). Each repetition sweeps n = 1..max_fed once, so a slow spell of the
-    machine spreads over every n instead of bending the curve at the n it hit."""
-    return {key: medians(per_n) for key, per_n in
-            interleaved_step_times(runners, context, max_fed, repeats, before).items()}  # fmt: skip
-
-
-def interleaved_step_times(runners: dict, context: Sequence[int], max_fed: int, repeats: int,
-                           before: Callable[[Any], None] | None = None, times: dict | None = None) -> dict:
-    """The seconds of each timed sweep of n = 1..max_fed per runner, added to `times` ({key: per-n lists},
-    new when None) and returned. The runners' sweeps alternate (in turn, then in reverse order) so that
-    drift of the machine falls on all of them; one untimed sweep each comes first. `before(key)` runs
-    before each sweep of that key (e.g. the same runner under two conditions, `loaded_step_times`)."""
-    filler = [int(context[-1])] * max_fed
-    times = {key: [[] for _ in range(max_fed)] for key in runners} if times is None else times
-    for runner in runners.values():
-        runner.start()
-        runner.forward(list(context), [])  # the prompt in the cache, its last token fed again below
-    for sweep in range(repeats + 1):  # the first is a warm-up
-        for key in list(runners) if sweep % 2 == 0 else list(reversed(runners)):
-            runner = runners[key]
-            if before is not None:
-                before(key)
-            for n in range(1, max_fed + 1):
-                runner.truncate(len(context) - 1)
-                started = time.perf_counter()
-                runner.forward(list(context), filler[: n - 1])
-                if sweep:
-                    times[key][n - 1].append(time.perf_counter() - started)
-    return times
-
-
-def medians(per_n: Sequence[Sequence[float]]) -> list[float]:
-    return [statistics.median(t) for t in per_n]
+    (`pipespec.timing.interleaved_step_times`, the one t(n) sweep; `clock` e.g. `time.thread_time` for
+    CPU time). Each repetition sweeps n = 1..max_fed once, so a slow spell of the machine spreads over
+    every n instead of bending the curve at the n it hit."""
+    times = interleaved_step_times(runners, context, max_fed, repeats, before, clock=clock)
+    return {key: medians(per_n) for key, per_n in times.items()}
 
 
 def loaded_step_times(runner, context: Sequence[int], max_fed: int, repeats: int, background: "Background",
@@ -400,6 +371,64 @@ def measure_acceptance(stages: list[dict], drafters: Sequence, runners: dict, id
     return pairs, skip_pairs
 
 
+def sweep_stages(runners: dict, names: dict, context: Sequence[int], max_fed: int, repeats: int,
+                 background: "Background | None", times: dict, log=print) -> None:  # fmt: skip
+    """`repeats` more timed sweeps of t(n) of each stage in `runners` ({stage index: runner}) into `times`
+    ({stage index: times per condition}): alone, or with a `background` (the same stages' steady loops, in
+    the order of `runners`) alone and while every other one runs (`loaded_step_times`)."""
+    measured = list(runners)
+    for position, i in enumerate(measured):
+        if background is None:
+            log(f"profile: {names[i]}: t(n)")
+            times[i] = interleaved_step_times({"alone": runners[i]}, context, max_fed, repeats, times=times.get(i))
+        else:
+            log(f"profile: {names[i]}: t(n) alone and while {len(measured) - 1} other stage(s) run")
+            others = [p for p in range(len(measured)) if p != position]
+            times[i] = loaded_step_times(runners[i], context, max_fed, repeats, background, others,
+                                         times=times.get(i))  # fmt: skip
+
+
+def start_background(stack: contextlib.ExitStack, specs: Sequence[StageSpec], measured: Sequence[int],
+                     context: Sequence[int], verify_fed: int, log=print) -> "Background | None":  # fmt: skip
+    """With more than one stage to time, all of them running their steady loops (the target feeding
+    `verify_fed` tokens a step, the others one), entered on `stack`; else None (nothing to contend with)."""
+    if len(measured) <= 1:
+        return None
+    log(f"profile: starting {len(measured)} background stages")
+    fed = [verify_fed if i == len(specs) - 1 else 1 for i in measured]
+    return stack.enter_context(Background([specs[i] for i in measured], context, fed))
+
+
+def step_cost_entry(times: dict, loaded: bool) -> dict:
+    """A stage's `step_s_alone` and `step_s_loaded` (t(n) medians; without a background, loaded = alone)."""
+    alone = medians(times["alone"])
+    return {"step_s_alone": alone, "step_s_loaded": medians(times["loaded"]) if loaded else list(alone)}
+
+
+def measure_with_models(specs: Sequence[StageSpec], stages: list[dict], drafters: Sequence, runners: dict,
+                        measured: Sequence[int], ids: Sequence[Sequence[int]], options: ProfileOptions,
+                        log=print) -> tuple[list[dict], list[dict]]:  # fmt: skip
+    """What needs the stages' models: t(n) and prefill of the `measured` stages (into their `stages`
+    entries) and every pair's acceptance (`measure_acceptance`, returned). Half the t(n) sweeps come
+    before acceptance is measured and half after, a minute or more apart: a slow spell of the machine
+    (they last minutes here) then falls on part of them rather than on all."""
+    context, timed = ids[0], {i: runners[i] for i in measured}
+    names = {i: stages[i]["name"] for i in measured}
+    times: dict = {}
+    with contextlib.ExitStack() as stack:
+        background = start_background(stack, specs, measured, context, options.verify_fed, log)
+        sweep_stages(timed, names, context, options.max_fed, options.repeats - options.repeats // 2, background,
+                     times, log)  # fmt: skip
+        for i in measured:
+            stages[i]["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
+        pairs, skip_pairs = measure_acceptance(stages, drafters, runners, ids, options, log)
+        if options.repeats // 2:
+            sweep_stages(timed, names, context, options.max_fed, options.repeats // 2, background, times, log)
+    for i in measured:
+        stages[i].update(step_cost_entry(times[i], background is not None))
+    return pairs, skip_pairs
+
+
 def measure_profile(
     specs: Sequence[StageSpec],
     hierarchy: str,
@@ -419,66 +448,25 @@ def measure_profile(
         raise ConfigError("a profile needs at least one prompt")
     started = time.perf_counter()
     ids = [list(map(int, p)) for _, p in prompts]
-    context = ids[0]
     machine = machine_facts(specs)
     drafters = [build_drafter(spec) for spec in specs]  # None for a model stage
     model_stages = [i for i, d in enumerate(drafters) if d is None]
     stages = [{"name": spec.label, **stage_identity(spec)} for spec in specs]
     reused, handoff = reused_costs(costs_from, stages, machine) if costs_from is not None else (None, None)
+    if reused is not None:
+        for i in model_stages:
+            stages[i].update(reused[i])
     runners = {i: _runner(specs[i]) for i in model_stages}
     measured = model_stages if reused is None else []  # the stages whose costs are measured here
-    for i in model_stages:
-        if reused is not None:
-            stages[i].update(reused[i])
-    with contextlib.ExitStack() as stack:
-        background = None
-        if len(measured) > 1:
-            log(f"profile: starting {len(measured)} background stages")
-            fed = [options.verify_fed if i == len(specs) - 1 else 1 for i in measured]
-            background = stack.enter_context(Background([specs[i] for i in measured], context, fed))
-        times: dict = {i: None for i in measured}
-
-        def measure_costs(repeats: int) -> None:
-            for position, i in enumerate(measured):
-                if background is None:
-                    log(f"profile: {stages[i]['name']}: t(n)")
-                    times[i] = interleaved_step_times({"alone": runners[i]}, context, options.max_fed, repeats,
-                                                      times=times[i])  # fmt: skip
-                else:
-                    log(f"profile: {stages[i]['name']}: t(n) alone and while {len(measured) - 1} other stage(s) run")
-                    others = [p for p in range(len(measured)) if p != position]
-                    times[i] = loaded_step_times(runners[i], context, options.max_fed, repeats, background, others,
-                                                 times=times[i])  # fmt: skip
-
-        # half the sweeps before acceptance is measured and half after, a minute or more apart: a slow spell
-        # of the machine (they last minutes here) then falls on part of them rather than on all
-        measure_costs(options.repeats - options.repeats // 2)
-        for i in measured:
-            stages[i]["prefill_s_per_token"] = prefill_s_per_token(runners[i], ids)
-        pairs, skip_pairs = measure_acceptance(stages, drafters, runners, ids, options, log)
-        if options.repeats // 2:
-            measure_costs(options.repeats // 2)
-    for i in measured:
-        alone = medians(times[i]["alone"])
-        loaded = medians(times[i]["loaded"]) if background is not None else list(alone)
-        stages[i].update(step_s_alone=alone, step_s_loaded=loaded)
-    del runners
+    pairs, skip_pairs = measure_with_models(specs, stages, drafters, runners, measured, ids, options, log)
+    del runners  # the models' memory back before the handoff's pipeline loads them again
     if reused is None and options.handoff_tokens and len(specs) >= 2:
         log("profile: handoff latency (a short sd run)")
-        handoff = handoff_s(specs, context, options.handoff_tokens)
+        handoff = handoff_s(specs, ids[0], options.handoff_tokens)
     return {
-        "format": FORMAT,
-        "version": VERSION,
-        "hierarchy": {"name": hierarchy, "stages": [s["name"] for s in stages]},
-        "machine": machine,
-        "dataset": dataset,
-        "sample_ids": [sample_id for sample_id, _ in prompts],
-        "prompt_tokens": [len(p) for p in ids],
-        "options": asdict(options),
-        "costs_from": None if costs_from is None else costs_from.get("path"),
-        "stages": stages,
-        "pairs": pairs,
-        "skip_pairs": skip_pairs,
-        "handoff_s": handoff,
-        "duration_s": time.perf_counter() - started,
-    }
+        "format": FORMAT, "version": VERSION, "hierarchy": {"name": hierarchy, "stages": [s["name"] for s in stages]},
+        "machine": machine, "dataset": dataset, "sample_ids": [sample_id for sample_id, _ in prompts],
+        "prompt_tokens": [len(p) for p in ids], "options": asdict(options),
+        "costs_from": None if costs_from is None else costs_from.get("path"), "stages": stages, "pairs": pairs,
+        "skip_pairs": skip_pairs, "handoff_s": handoff, "duration_s": time.perf_counter() - started,
+    }  # fmt: skip

@@ -8,7 +8,8 @@
     torchrun --nproc_per_node=4 -m experiments.run models=tiny_k3 strategy=pipespec   # rank 0 + 3 stage ranks
 
 The work is in `experiments.runner` (no Hydra there); this file composes the config,
-prints the plan or the run's table, and turns known errors into one line.
+checks it once (`experiments.config.RunConfig`), prints the plan or the run's table, and
+turns known errors into one line.
 """
 
 from __future__ import annotations
@@ -27,34 +28,32 @@ from experiments.conf import CONFIG_PATH  # noqa: E402
 EMBEDDED_DEFAULT = ["-m", "strategy=greedy,auto"]
 
 
-def plan(config: dict) -> None:
-    from experiments.hierarchies import resolve_stages
+def plan(run) -> None:
+    """`run.plan=true`: the stages' placement and memory estimates of `run` (a `RunConfig`), nothing loaded."""
     from experiments.plan import format_plan, plan_stages
 
-    specs = resolve_stages(config["models"]["stages"], check_devices=False)
-    strategy = config["strategy"]
     print(
-        f"plan: {config['models']['name']} ({len(specs)} stages), strategy {strategy['name']} "
-        f"(lookahead {strategy['lookahead']}), dataset {config['dataset']['name']}, "
-        f"max_new_tokens {config['max_new_tokens']}"
+        f"plan: {run.hierarchy} ({len(run.stages)} stages), strategy {run.call.strategy} "
+        f"(lookahead {run.call.lookahead}), dataset {run.dataset['name']}, max_new_tokens {run.budget}"
     )
-    print(format_plan(plan_stages(specs)))
+    print(format_plan(plan_stages(list(run.stages))))
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
 
+    from experiments.config import RunConfig
     from experiments.data import DataError
     from pipespec.errors import ConfigError, StageError
     from experiments.runner import RunError, format_run, run_experiment
 
-    config = OmegaConf.to_container(cfg, resolve=True)
     try:
-        if config["run"]["plan"]:
-            plan(config)
+        run = RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True))
+        if run.options.plan:
+            plan(run)
             return None
-        summary = run_experiment(config, HydraConfig.get().runtime.output_dir)
+        summary = run_experiment(run, HydraConfig.get().runtime.output_dir)
     except (ConfigError, DataError, RunError, StageError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -79,6 +78,27 @@ def torchrun_arguments(argv: list[str], environ=None) -> list[str]:
     return argv + STAGE_RANK_OVERRIDES if LaunchEnv.from_environ(environ).rank >= 1 else argv
 
 
+LAUNCHER_PLUGINS = {"submitit_local": "cluster", "submitit_slurm": "cluster"}  # hydra/launcher option -> extra
+
+
+def check_launcher(argv: list[str]) -> None:
+    """A hydra/launcher named on the command line whose plugin is not installed: name the extra to install."""
+    import importlib.util
+
+    from pipespec.errors import ConfigError
+
+    for arg in argv:
+        key, _, choice = arg.partition("=")
+        if key.lstrip("+~") == "hydra/launcher" and choice in LAUNCHER_PLUGINS:
+            try:
+                found = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+            except ModuleNotFoundError:  # no hydra_plugins package at all
+                found = False
+            if not found or importlib.util.find_spec("submitit") is None:
+                raise ConfigError(f"hydra/launcher={choice} needs Hydra's submitit launcher plugin: "
+                                  f"pip install 'pipespec[{LAUNCHER_PLUGINS[choice]}]'")  # fmt: skip
+
+
 def entry() -> None:
     from pipespec.errors import ConfigError
 
@@ -86,6 +106,7 @@ def entry() -> None:
         print("no arguments: running the embedded default, " + " ".join(EMBEDDED_DEFAULT), file=sys.stderr)
         sys.argv += EMBEDDED_DEFAULT
     try:
+        check_launcher(sys.argv[1:])
         sys.argv[1:] = torchrun_arguments(sys.argv[1:])
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -22,21 +22,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-def compare(config: dict) -> dict:
-    from experiments.profile import profile_prompts
+def compare(run) -> dict:
+    """Both variants of `run` (an `experiments.config.RunConfig`) on its prompts, alternating per prompt."""
     from pipespec.api import Pipeline
-    from experiments.hierarchies import resolve_stages
 
-    strategy = config["strategy"]
-    budget = config["max_new_tokens"]
-    options = dict(strategy=strategy["name"], lookahead=strategy.get("lookahead", 0),
-                   max_lead=strategy.get("max_lead", 8))  # fmt: skip
-    with Pipeline(resolve_stages(config["models"]["stages"]), **options) as pipe:
-        dataset, prompts = profile_prompts(config, pipe.tokenizer, pipe.context_length)
+    budget = run.budget
+    with Pipeline(list(run.stages), **run.pipeline_options()) as pipe:
+        found = run.prompts(pipe.tokenizer, pipe.context_length)
+        prompts = found.ids()
         for sized in (False, True):
-            pipe.generate(prompts[0][1], 16, size_verification=sized)  # warm-up
+            pipe.generate(prompts[0], 16, size_verification=sized)  # warm-up
         tokens, seconds, identical = {False: 0, True: 0}, {False: 0.0, True: 0.0}, 0
-        for i, (_, prompt) in enumerate(prompts):
+        for i, prompt in enumerate(prompts):
             outputs = {}
             for sized in (False, True) if i % 2 == 0 else (True, False):
                 started = time.perf_counter()
@@ -46,8 +43,8 @@ def compare(config: dict) -> dict:
             identical += outputs[False] == outputs[True]
     rate = {k: tokens[k] / seconds[k] for k in tokens}
     return {
-        "models": config["models"]["name"], "dataset": dataset, "prompts": len(prompts),
-        "strategy": options["strategy"], "lookahead": options["lookahead"], "max_lead": options["max_lead"],
+        "models": run.hierarchy, "dataset": found.name, "prompts": len(prompts),
+        "strategy": run.call.strategy, "lookahead": run.call.lookahead, "max_lead": run.call.max_lead,
         "max_new_tokens": budget, "all_drafts_tokens_per_s": round(rate[False], 2),
         "sized_tokens_per_s": round(rate[True], 2), "sized_vs_all_drafts": round(rate[True] / rate[False], 3),
         "identical": f"{identical}/{len(prompts)}",
@@ -56,13 +53,14 @@ def compare(config: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from experiments.conf import compose
+    from experiments.config import RunConfig
     from experiments.data import DataError
     from pipespec.errors import ConfigError, StageError
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     try:
-        config = compose("config", overrides)
-        print(json.dumps(compare(config)))
+        run = RunConfig.from_config(compose("config", overrides))
+        print(json.dumps(compare(run)))
     except (ConfigError, DataError, StageError) as error:
         print(f"error: {(str(error).strip().splitlines() or [type(error).__name__])[0]}", file=sys.stderr)
         return 2

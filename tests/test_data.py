@@ -23,6 +23,7 @@ from experiments.data import (
     extract_code_block,
     load_dataset,
     pass_at_1,
+    prompts_for,
     render_prompt_text,
     rouge_per_sample,
     rouge_scores,
@@ -306,6 +307,23 @@ def test_code_prompts_are_never_truncated(tokenizer):
     prompt_cfg = dataset_cfg("humaneval")["prompt"]
     with pytest.raises(PromptTooLongError, match="allow_truncation is false"):
         build_prompt_ids(article_sample(100), prompt_cfg, tokenizer, "base", 64, 16)
+
+
+def test_prompts_for_builds_a_selections_prompts_with_their_samples(tokenizer):
+    """The one way from a dataset config to prompt ids: the config's selection, or `count` samples of the
+    whole selection after `offset` (fewer where it ends); each prompt with its sample, index and flag."""
+    cfg = dataset_cfg("news_lee_cnndm", n_samples=3)
+    found = prompts_for(cfg, tokenizer, "base", 512, 64)
+    assert found.name == "news_lee_cnndm" and [p.index for p in found.prompts] == [0, 1, 2]
+    assert [p.sample for p in found.prompts] == list(load_dataset(cfg).samples)
+    first = found.prompts[0]
+    assert (first.ids, first.truncated) == build_prompt_ids(first.sample, cfg["prompt"], tokenizer, "base", 512, 64)
+    assert found.pairs() == [(p.sample_id, p.ids) for p in found.prompts] and found.ids() == [p.ids for p in found.prompts]
+    sliced = prompts_for(cfg, tokenizer, "base", 512, 64, count=2, offset=4)  # n_samples ignored with count
+    whole = load_dataset(dataset_cfg("news_lee_cnndm", n_samples=None)).samples
+    assert [p.index for p in sliced.prompts] == [4, 5] and [p.sample for p in sliced.prompts] == list(whole[4:6])
+    end = prompts_for(cfg, tokenizer, "base", None, 64, count=5, offset=len(whole) - 2)
+    assert len(end.prompts) == 2 and not any(p.truncated for p in end.prompts)  # None: no context limit
 
 
 def test_unknown_model_family_is_an_error(tokenizer):

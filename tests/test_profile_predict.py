@@ -43,13 +43,13 @@ def test_profile_holds_what_prediction_needs(tiny_profile):
 
 def test_predict_every_strategy(tiny_profile):
     profile = pf.load_profile(tiny_profile)
-    greedy = pr.predict(profile, "greedy")
+    greedy = pr.predict_profile(profile, "greedy")
     # the target alone: its measured t(1) per token, and reading the (mean) prompt once
     target, prompt = profile.stages[-1], round(sum(profile.prompt_tokens) / len(profile.prompt_tokens))
     seconds = 128 * target.step_s_alone[0] + prompt * target.prefill_s_per_token
     assert greedy.predicted_tokens_per_s == pytest.approx(128 / seconds)
     for strategy, lookahead in (("sd", 3), ("pipespec", 0), ("pipespec", 2)):
-        p = pr.predict(profile, strategy, lookahead)
+        p = pr.predict_profile(profile, strategy, lookahead)
         assert p.predicted_tokens_per_s > 0 and p.paper_predicted_tokens_per_s > 0
         # None: the simulated target never verified (a drafter no faster than the target, as tiny ones can be)
         assert p.mean_acceptance_length is None or 1 <= p.mean_acceptance_length <= 1 + max(lookahead, 8)
@@ -309,7 +309,7 @@ def test_sweep_uses_stage_subsets_only_with_their_acceptance(tiny_profile):
     with_skip = pf.parse_profile(_k3_from_k2(raw, skip=True))
     subsets, notes = pr.stage_subsets(with_skip)
     assert subsets == [(0, 1, 2), (0, 2), (1, 2)] and notes == []
-    skipping = pr.predict(with_skip, "sd", 2, tokens=32, stages=(0, 2))
+    skipping = pr.predict_profile(with_skip, "sd", 2, tokens=32, stages=(0, 2))
     assert skipping.stages == ("drafter-a", raw["stages"][1]["name"]) and skipping.stage_indices == (0, 2)
     ranked, _ = pr.sweep(with_skip, tokens=16)
     assert {p.stage_indices for p in ranked if p.strategy != "greedy"} == {(0, 1, 2), (0, 2), (1, 2)}
@@ -317,14 +317,14 @@ def test_sweep_uses_stage_subsets_only_with_their_acceptance(tiny_profile):
     subsets, notes = pr.stage_subsets(without)
     assert subsets == [(0, 1, 2), (1, 2)] and len(notes) == 1 and "drafter-a > " in notes[0]
     with pytest.raises(ConfigError, match="no acceptance"):
-        pr.predict(without, "sd", 2, stages=(0, 2))
+        pr.predict_profile(without, "sd", 2, stages=(0, 2))
     with pytest.raises(ConfigError, match="ending with the target"):
-        pr.predict(without, "sd", 2, stages=(0, 1))
+        pr.predict_profile(without, "sd", 2, stages=(0, 1))
 
 
 def test_draft_confidence_is_refused_with_a_clear_error(tiny_profile):
     with pytest.raises(ConfigError, match="draft_confidence cannot be predicted"):
-        pr.predict(pf.load_profile(tiny_profile), "pipespec", draft_confidence=0.5)
+        pr.predict_profile(pf.load_profile(tiny_profile), "pipespec", draft_confidence=0.5)
     done = subprocess.run([sys.executable, "-m", "analysis.predict", str(tiny_profile), "draft_confidence=0.5"],
                           env=ENV, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and done.stderr.startswith("error: draft_confidence")

@@ -59,6 +59,7 @@ def sweep_overrides(cfg) -> list[list[str]]:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_plans(experiment, capsys):
+    from experiments.config import RunConfig
     from experiments.run import plan
 
     with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
@@ -70,7 +71,7 @@ def test_every_experiment_composes_and_plans(experiment, capsys):
             from omegaconf import OmegaConf
 
             config = OmegaConf.to_container(cfg, resolve=True)
-            plan(config)
+            plan(RunConfig.from_config(config))
             out = capsys.readouterr().out
             for stage in config["models"]["stages"]:
                 assert stage["name"][:17] in out

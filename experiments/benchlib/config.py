@@ -241,14 +241,10 @@ def load_prompts(cfg: Mapping, tokenizer, context_length: int | None, family: st
         from experiments.tiny import random_prompts
 
         return random_prompts(n, length=cfg["random_prompt_length"], seed=0, vocab_size=len(tokenizer))
-    from experiments.data import build_prompt_ids, load_dataset
+    from experiments.data import prompts_for
 
-    data_cfg = dict(cfg["dataset"], n_samples=None)  # all (in the dataset's order), then the slice
-    dataset = load_dataset(data_cfg)
-    context = context_length or 1_000_000
-    chosen = dataset.samples[offset : offset + n]
-    prompts = [build_prompt_ids(s, data_cfg["prompt"], tokenizer, family, context, max_new)[0] for s in chosen]
-    if len(prompts) < n:
-        raise BenchConfigError(f"dataset {data_cfg['name']!r} has only {len(dataset.samples)} samples, "
+    found = prompts_for(cfg["dataset"], tokenizer, family, context_length, max_new, count=n, offset=offset)
+    if len(found.prompts) < n:
+        raise BenchConfigError(f"dataset {found.name!r} has only {len(found.dataset.samples)} samples, "
                                f"prompt_offset={offset} + samples={n}")  # fmt: skip
-    return prompts
+    return found.ids()

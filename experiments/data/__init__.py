@@ -1,6 +1,8 @@
 """Data side of pipespec: dataset loaders, prompt construction and quality metrics.
 
     load_dataset(cfg)                       -> LoadedDataset of uniform Sample records
+    prompts_for(cfg, tokenizer, family, context_length, budget,
+                count=None, offset=0)  -> DatasetPrompts (dataset, Prompt records)
     build_prompt_ids(sample, template_cfg, tokenizer, family,
                      context_length, max_new_tokens) -> (ids, truncated)
     rouge_scores(predictions, references)   -> {"rouge1", "rouge2", "rougeL"}
@@ -25,9 +27,12 @@ from .loaders import (
 from .prompts import (
     FAMILIES,
     PLACEHOLDER,
+    DatasetPrompts,
+    Prompt,
     PromptTooLongError,
     build_prompt_ids,
     encode_prompt,
+    prompts_for,
     render_prompt_text,
 )
 from .quality import (
@@ -48,12 +53,14 @@ __all__ = [
     "CodeExecutionWarning",
     "DataError",
     "DatasetPathError",
+    "DatasetPrompts",
     "EmptyDatasetError",
     "FAMILIES",
     "HUMANEVAL_STOP_SEQUENCES",
     "HubOfflineError",
     "LoadedDataset",
     "PLACEHOLDER",
+    "Prompt",
     "PromptTooLongError",
     "ROUGE_TYPES",
     "Sample",
@@ -66,6 +73,7 @@ __all__ = [
     "hub_offline",
     "load_dataset",
     "pass_at_1",
+    "prompts_for",
     "render_prompt_text",
     "rouge_per_sample",
     "rouge_scores",

@@ -11,13 +11,17 @@ A template config is the `prompt` mapping of a `conf/dataset/*.yaml` file:
 Templates contain the placeholder `{source}` exactly once; it is replaced by the
 sample's source text (article or function stub) with `str.replace`, so braces in
 articles or code need no escaping.
+
+`prompts_for(dataset_config, tokenizer, family, context_length, budget)` is the one way
+from a dataset config to prompt token ids: every tool builds its prompts with it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .loaders import DataError, Sample
+from .loaders import DataError, LoadedDataset, Sample, load_dataset
 
 PLACEHOLDER = "{source}"
 FAMILIES = ("base", "chat")
@@ -62,19 +66,21 @@ def build_prompt_ids(
     template_cfg: Mapping[str, Any],
     tokenizer: Any,
     family: str,
-    context_length: int,
+    context_length: int | None,
     max_new_tokens: int,
 ) -> tuple[list[int], bool]:
     """Prompt token ids for `sample` that leave room for `max_new_tokens`.
 
     Returns (ids, truncated). When the full prompt exceeds
-    `context_length - max_new_tokens`, the source text is cut at a token boundary and
+    `context_length - max_new_tokens` (None: no limit), the source text is cut at a token boundary and
     re-rendered inside the intact template; `truncated` is then True. Raises
     `PromptTooLongError` if the template alone does not fit, or if truncation is not
     allowed by the template config.
     """
-    budget = context_length - max_new_tokens
     ids = _prompt_ids(sample.source, template_cfg, tokenizer, family)
+    if context_length is None:  # a model that states no context length: nothing to cut
+        return ids, False
+    budget = context_length - max_new_tokens
     if len(ids) <= budget:
         return ids, False
 
@@ -100,6 +106,70 @@ def build_prompt_ids(
             return ids, True
         keep -= max(1, len(ids) - budget)
     return _prompt_ids("", template_cfg, tokenizer, family), True
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One sample's prompt: its position in the dataset's selection, the sample, its token ids and whether
+    the source was cut to fit."""
+
+    index: int
+    sample: Sample
+    ids: list[int]
+    truncated: bool
+
+    @property
+    def sample_id(self) -> str:
+        return self.sample.sample_id
+
+
+@dataclass(frozen=True)
+class DatasetPrompts:
+    """The prompts of some samples of a loaded dataset (`prompts_for`)."""
+
+    dataset: LoadedDataset
+    prompts: tuple[Prompt, ...]
+
+    @property
+    def name(self) -> str:
+        return self.dataset.name
+
+    def ids(self) -> list[list[int]]:
+        """The prompts' token ids, in order."""
+        return [p.ids for p in self.prompts]
+
+    def pairs(self) -> list[tuple[str, list[int]]]:
+        """(sample id, token ids) per prompt: what a machine profile is measured on."""
+        return [(p.sample_id, p.ids) for p in self.prompts]
+
+
+def prompts_for(
+    dataset_config: Mapping[str, Any],
+    tokenizer: Any,
+    family: str,
+    context_length: int | None,
+    budget: int,
+    count: int | None = None,
+    offset: int = 0,
+) -> DatasetPrompts:
+    """The prompts of a dataset as a run builds them: the dataset loaded from its config (a
+    `conf/dataset/*.yaml` mapping), each chosen sample rendered with the config's `prompt` template for
+    the model `family` and encoded with `tokenizer`, leaving room for `budget` new tokens in
+    `context_length` (`build_prompt_ids`; None: no limit).
+
+    Chosen samples: the config's selection (`n_samples`, `seed`, `ids`) after its first `offset`; with
+    `count`, the first `count` of its whole selection (`n_samples` ignored) after `offset`, fewer where
+    it ends. `Prompt.index` is the position in the selection loaded."""
+    if count is not None:
+        dataset_config = {**dataset_config, "n_samples": None}
+    dataset = load_dataset(dataset_config)
+    end = None if count is None else offset + count
+    template = dataset_config.get("prompt") or {}
+    prompts = []
+    for index, sample in enumerate(dataset.samples[offset:end], start=offset):
+        ids, truncated = build_prompt_ids(sample, template, tokenizer, family, context_length, budget)
+        prompts.append(Prompt(index, sample, ids, truncated))
+    return DatasetPrompts(dataset, tuple(prompts))
 
 
 # ------------------------------------------------------------------------- helpers
