@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bench behind README "Performance": one invocation over HumanEval and news_lee (the bench's default
+# The bench behind docs/performance.md: one invocation over HumanEval and news_lee (the bench's default
 # `datasets`), 10 prompts each after the first 20 in task order (`prompt_offset=20`: the suffix settings were
 # tuned on the first 20 of each, `experiments.drafter_offline`), 96 new tokens, 3 repetitions; our systems
 # with their default kernels (oneDNN prepacked fp32 linears), HF generate with torch's. Systems: HF greedy,

@@ -1,4 +1,4 @@
-"""The layers stay what docs/development/layout.md says: `pipespec` (the engine) <- `analysis` (torch-free,
+"""The layers stay what docs/development.md says: `pipespec` (the engine) <- `analysis` (torch-free,
 result files alone) <- `experiments` (entry points and tools). Every import of the three packages, at
 module level or inside a function, is read with `ast`: none goes to a higher layer, none closes a
 circle, and no function is longer than 80 lines."""
