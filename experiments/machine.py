@@ -1,6 +1,6 @@
 """The machine behind a measurement, and what a result records of it (torch imported inside).
 
-- `cpu_info`: CPU name, family, model, vector extensions and torch's CPU capability;
+- `cpu_info` (`pipespec.hardware`): CPU name, family, model, vector extensions, torch's capability;
 - `environment(specs)`: what a run directory's env.json holds (libraries, CPU, GPUs, threads, kernels);
 - `machine_facts(specs)`: what a machine profile records (CPU, threads per stage, library versions);
 - `stage_identity(spec)`: what a profile records of a stage, so that it is never read for another one.
@@ -14,36 +14,9 @@ import socket
 from typing import Any, Sequence
 
 from pipespec.gpu import gpu_facts
+from pipespec.hardware import cpu_info
 from pipespec.models import resolved_kernels
 from pipespec.specs import MODEL_FREE_KINDS, StageSpec
-
-VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
-
-
-def cpu_info() -> dict[str, Any]:
-    """The CPU behind a measurement: a VM's name ("AMD EPYC") hides generations whose int8 and
-    few-row fp32 matrix products differ by 2x, so also family, model and vector extensions."""
-    import torch
-
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if not line.strip():
-                    break  # the first processor is enough
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = set(fields.get("flags", "").split())
-    return {
-        "name": fields.get("model name") or platform.processor() or platform.machine(),
-        "family": fields.get("cpu family"),
-        "model": fields.get("model"),
-        "vector_extensions": [f for f in VECTOR_FLAGS if f in flags],
-        "torch_capability": torch.backends.cpu.get_cpu_capability(),
-    }
-
 
 def environment(specs) -> dict[str, Any]:
     """Library versions, CPU and GPU names, CUDA / driver / bitsandbytes versions (None where absent),

@@ -23,9 +23,8 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from pipespec.models import is_local_path
 
-from pipespec.specs import MODEL_FREE_KINDS, StageSpec
+from pipespec.specs import MODEL_FREE_KINDS, StageSpec, is_local_path
 
 GIB = 1024**3
 BYTES_PER_PARAM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}

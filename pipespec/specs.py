@@ -9,6 +9,7 @@ mapping into a validated spec, a `ConfigError` naming the option otherwise. Load
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -242,3 +243,19 @@ def check_suffix_options(
         raise ConfigError(f"suffix stage option 'min_match' ({min_match}) must not exceed 'max_depth' ({max_depth})")
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
         raise ConfigError(f"suffix stage option 'confidence' must be a number with 0 <= confidence < 1, got {confidence!r}")
+
+
+def is_local_path(model: str) -> bool:
+    return model.startswith((".", "/", "~")) or os.path.isdir(os.path.expanduser(model))
+
+
+def resolve_model_path(model: str) -> str:
+    """A local directory must exist; a hub id is refused up front when the hub is offline and not cached."""
+    if is_local_path(model):
+        path = os.path.expanduser(model)
+        if not os.path.isdir(path):
+            raise ConfigError(f"model path {model!r} does not exist")
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise ConfigError(f"model path {model!r} has no config.json: not a Hugging Face model directory")
+        return path
+    return model

@@ -56,7 +56,7 @@ def test_named_hierarchy_identical_to_greedy_fp32(hierarchy, humaneval_prompts, 
 
     from pipespec.models import resolved_kernels
 
-    monkeypatch.setenv("PIPESPEC_KERNELS", "auto")  # the default kernels (the suite pins torch's for tiny models)
+    monkeypatch.setenv("PIPESPEC_KERNELS", "onednn")  # the prepacked path (the suite pins torch's for tiny models)
     torch.set_num_threads(1)
     specs = load_hierarchy(hierarchy)
     assert resolved_kernels(specs[-1]) == "onednn"  # the fp32 target's linears prepacked, in every process

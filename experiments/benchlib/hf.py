@@ -4,10 +4,17 @@
     r = hf.generate(prompt_ids, 128, "greedy")                       # target.generate(do_sample=False)
     r = hf.generate(prompt_ids, 128, "assisted", assisted=settings)   # assistant_model=<the int8 draft>
     r = hf.generate(prompt_ids, 128, "prompt_lookup", prompt_lookup_num_tokens=8, max_matching_ngram_size=3)
+    r = hf.generate(prompt_ids, 128, "compiled", threads=2)           # static cache + torch.compile'd decoding
 
 Everything runs in the calling process (the benchmark's driver) with
-`torch.set_num_threads(threads)`, the same one thread per model the pipeline's
-stage processes use. The models are loaded by `pipespec.models.load_model` from
+`torch.set_num_threads(threads)` (per call: the bench times 1 and 2 threads and keeps
+the faster).
+
+"compiled" is transformers' documented fast path: a static KV cache sized once for every
+call (`static_cache_len`, so the compiled decoding step keeps its shapes) and generate's own
+`torch.compile` of the decoding forward (`compile_config`, on the CPU too). The first call
+compiles (minutes on a CPU): `compile_warmup` makes it and returns its seconds, or raises
+`CompileUnavailable` with the reason when this machine cannot compile. The models are loaded by `pipespec.models.load_model` from
 the same stage specs as the pipeline (so the int8 dynamic-quantized draft is the
 same model in both). Outputs are cut exactly as our greedy decoding cuts them (at
 `max_new_tokens`, or just after the first EOS) so they compare token by token.
@@ -36,7 +43,11 @@ from pipespec.models import eos_token_ids, load_model
 from pipespec.specs import StageSpec
 from pipespec.stats import StageStats
 
-MODES = ("greedy", "assisted", "prompt_lookup")
+MODES = ("greedy", "assisted", "prompt_lookup", "compiled")
+
+
+class CompileUnavailable(RuntimeError):
+    """The compiled HF path cannot run on this machine (no compiler, an inductor error); the message says why."""
 
 # transformers 5.x global defaults for assisted generation (GenerationConfig._get_default_generation_params)
 HF_ASSISTED_DEFAULTS = {
@@ -147,7 +158,8 @@ def assisted_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
 class HFBaseline:
     """The target (and optionally an assistant) loaded in this process for HF `generate` runs."""
 
-    def __init__(self, target: StageSpec, draft: StageSpec | None = None, threads: int = 1):
+    def __init__(self, target: StageSpec, draft: StageSpec | None = None, threads: int = 1,
+                 static_cache_len: int = 2048):  # fmt: skip
         import torch
 
         if target.kind != "hf":
@@ -156,6 +168,7 @@ class HFBaseline:
             raise ConfigError("the HF assistant must be a model stage (prompt lookup is its own mode)")
         torch.set_num_threads(threads)
         self.threads = threads
+        self.static_cache_len = static_cache_len
         self.target_spec, self.draft_spec = target, draft
         self.target = load_model(target)
         self.draft = load_model(draft) if draft is not None else None
@@ -177,9 +190,11 @@ class HFBaseline:
         assisted: Mapping[str, Any] | None = None,
         prompt_lookup_num_tokens: int = 10,
         max_matching_ngram_size: int = 2,
+        threads: int | None = None,
     ) -> HFResult:
         import torch
 
+        torch.set_num_threads(threads or self.threads)
         if mode not in MODES:
             raise ConfigError(f"HF mode must be one of {list(MODES)}, got {mode!r}")
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
@@ -207,6 +222,10 @@ class HFBaseline:
                 "max_matching_ngram_size": int(max_matching_ngram_size),
             }
             kwargs.update(settings)
+        elif mode == "compiled":
+            kwargs.update(self._compiled_kwargs(len(prompt_ids), max_new_tokens))
+            settings = {"cache_implementation": "static", "max_cache_len": self.static_cache_len, "compile": "decoding"}
+        settings["threads"] = threads or self.threads
         device = next(self.target.parameters()).device
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
         attention_mask = torch.ones_like(input_ids)
@@ -231,3 +250,28 @@ class HFBaseline:
             draft_time_s=draft_meter.seconds if draft_meter else 0.0,
             settings=settings,
         )
+
+    def _compiled_kwargs(self, prompt_length: int, max_new_tokens: int) -> dict[str, Any]:
+        from transformers import CompileConfig
+
+        if prompt_length + max_new_tokens > self.static_cache_len:
+            raise ConfigError(f"the compiled HF path's static cache holds {self.static_cache_len} tokens: a prompt of "
+                              f"{prompt_length} + {max_new_tokens} new does not fit (raise static_cache_len)")  # fmt: skip
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+        config._compile_all_devices = True  # transformers compiles on CUDA-like devices only unless told
+        return {"cache_implementation": "static", "max_cache_len": self.static_cache_len, "compile_config": config}
+
+    def compile_warmup(self, prompt_ids: Sequence[int], max_new_tokens: int, threads: int | None = None) -> float:
+        """Compile the decoding step (one "compiled" call) and return its seconds; `CompileUnavailable` naming
+        the reason when this machine cannot compile."""
+        started = time.perf_counter()
+        try:
+            result = self.generate(prompt_ids, max_new_tokens, "compiled", threads=threads)
+        except ConfigError:
+            raise
+        except Exception as error:  # inductor needs a working C++ compiler; any failure of it is a reason to report
+            text = " ".join(str(error).split())[:200] or type(error).__name__
+            raise CompileUnavailable(f"{type(error).__name__}: {text}") from None
+        if not result.tokens:
+            raise CompileUnavailable("the compiled call produced no tokens")
+        return time.perf_counter() - started
