@@ -227,7 +227,7 @@ class Systems:
                 pipe, lead = self.pipes["k2" if name == "sd" else name], sd["max_lead"]
                 best, rates = prepass(f"{name} (window, draft_confidence)", candidates,
                                       lambda wc, p, n: pipe.generate(p, n, strategy="sd", lookahead=wc[0], max_lead=lead,
-                                                                     draft_confidence=wc[1]),
+                                                                     draft_confidence=wc[1], forget_outputs=True),
                                       prompts, max_new)  # fmt: skip
                 out[name] = [{"window": w, "draft_confidence": c, "tokens_per_s": r}
                              for (w, c), r in zip(candidates, rates)]  # fmt: skip

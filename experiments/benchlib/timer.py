@@ -75,16 +75,21 @@ def lifetime_peak_rss_mb(pid: int) -> float | None:
 
 
 def prepass(label: str, candidates: list, run_one: Callable, prompts: list[list[int]], max_new: int) -> tuple[int, list]:
-    """Time each candidate on the pre-pass prompts; return (index of the fastest, [tokens/s per candidate])."""
-    rates = []
-    for candidate in candidates:
-        tokens = seconds = 0.0
-        for prompt in prompts:
-            result = run_one(candidate, prompt, max_new)
-            tokens += len(result.tokens)
-            seconds += result.time_s
-        rates.append(tokens / seconds if seconds > 0 else 0.0)
-        print(f"[bench] pre-pass {label} {candidate}: {rates[-1]:.1f} tok/s", file=sys.stderr, flush=True)
+    """Time the candidates interleaved on the pre-pass prompts: at every prompt each candidate runs in turn
+    (`analysis.paired.rotation`: another order at each prompt); `run_one(candidate, prompt, max_new)` starts
+    every call with a suffix stage's earlier outputs forgotten, so no candidate drafts another's (identical)
+    output of the prompt. Returns (index of the fastest, [tokens/s per candidate])."""
+    from analysis.paired import rotation
+
+    tokens, seconds = [0.0] * len(candidates), [0.0] * len(candidates)
+    for index, prompt in enumerate(prompts):
+        for i in rotation(list(range(len(candidates))), index, 0):
+            result = run_one(candidates[i], prompt, max_new)
+            tokens[i] += len(result.tokens)
+            seconds[i] += result.time_s
+    rates = [t / s if s > 0 else 0.0 for t, s in zip(tokens, seconds)]
+    for candidate, rate in zip(candidates, rates):
+        print(f"[bench] pre-pass {label} {candidate}: {rate:.1f} tok/s", file=sys.stderr, flush=True)
     best = max(range(len(candidates)), key=lambda i: (rates[i], -i))
     return best, rates
 

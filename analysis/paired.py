@@ -1,0 +1,224 @@
+"""Paired, interleaved speed claims: a configuration's speedup against greedy, measured side by side.
+
+The machine a measurement runs on drifts (identical runs minutes apart differ by a third; neighbouring
+prompts 15-30 s apart by about 8%), so a speed claim here is never an absolute tokens/s compared across
+runs: it is the ratio of a configuration's tokens/s to greedy's **on the same prompt, in the same
+repetition**, the two run within seconds of each other (`rotation` interleaves them), pooled as a
+geometric mean, with two bootstrap 95% intervals:
+
+- *measurement*: repetitions resampled within each prompt (the prompts fixed): how much the figure moves
+  when the same prompts are timed again on this machine;
+- *sampling*: prompts resampled (each with its mean over repetitions): how much it moves on other prompts
+  of the same dataset.
+
+Two configurations whose intervals overlap are not told apart by the measurement (`overlapping`).
+Pure Python and numpy: it reads samples (configuration, prompt, repetition, tokens, seconds), wherever
+they come from (`experiments.sweep` writes them, one run directory per configuration).
+
+    python -m analysis.paired SWEEP_DIR [--reference greedy] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+RESAMPLES = 2000
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed generation of one configuration on one prompt in one repetition."""
+
+    configuration: str
+    prompt: str
+    repetition: int
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+@dataclass(frozen=True)
+class PairedSpeedup:
+    """A configuration's geometric-mean paired speedup against the reference, and its 95% intervals."""
+
+    configuration: str
+    speedup: float
+    measurement_interval: tuple[float, float]  # repetitions resampled within prompts
+    sampling_interval: tuple[float, float]  # prompts resampled
+    prompts: int
+    repetitions: int
+    pairs: int
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The wider of the two: what a claim about this configuration must allow for."""
+        return (min(self.measurement_interval[0], self.sampling_interval[0]),
+                max(self.measurement_interval[1], self.sampling_interval[1]))  # fmt: skip
+
+
+def rotation(items: Sequence, prompt_index: int, repetition: int) -> list:
+    """The run order of `items` at one prompt slot: rotated by one per prompt and per repetition, so every
+    item runs in every position equally often and none always follows another."""
+    if not items:
+        return []
+    shift = (prompt_index + repetition) % len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def log_ratios(samples: Iterable[Sample], reference: str) -> dict[str, dict[str, list[float]]]:
+    """{configuration: {prompt: [log(tokens/s / the reference's tokens/s) per repetition]}}, over the
+    (prompt, repetition) slots where both ran."""
+    by_slot: dict[tuple[str, int], dict[str, Sample]] = {}
+    for sample in samples:
+        if sample.seconds > 0 and sample.tokens > 0:
+            by_slot.setdefault((sample.prompt, sample.repetition), {})[sample.configuration] = sample
+    out: dict[str, dict[str, list[float]]] = {}
+    for (prompt, _), slot in sorted(by_slot.items()):
+        base = slot.get(reference)
+        if base is None:
+            continue
+        for name, sample in slot.items():
+            out.setdefault(name, {}).setdefault(prompt, []).append(math.log(sample.tokens_per_s / base.tokens_per_s))
+    return out
+
+
+def _interval(values: np.ndarray) -> tuple[float, float]:
+    low, high = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(math.exp(low)), float(math.exp(high))
+
+
+def bootstrap_measurement(per_prompt: Sequence[Sequence[float]], rng: np.random.Generator,
+                          resamples: int = RESAMPLES) -> tuple[float, float]:  # fmt: skip
+    """The interval of the mean log ratio when each prompt's repetitions are resampled (prompts fixed)."""
+    means = np.zeros(resamples)
+    for values in per_prompt:
+        values = np.asarray(values, dtype=float)
+        picks = rng.integers(0, len(values), size=(resamples, len(values)))
+        means += values[picks].mean(axis=1)
+    return _interval(means / len(per_prompt))
+
+
+def bootstrap_sampling(per_prompt: Sequence[Sequence[float]], rng: np.random.Generator,
+                       resamples: int = RESAMPLES) -> tuple[float, float]:  # fmt: skip
+    """The interval of the mean log ratio when prompts (each its mean over repetitions) are resampled."""
+    prompt_means = np.asarray([np.mean(values) for values in per_prompt], dtype=float)
+    picks = rng.integers(0, len(prompt_means), size=(resamples, len(prompt_means)))
+    return _interval(prompt_means[picks].mean(axis=1))
+
+
+def paired_speedups(samples: Iterable[Sample], reference: str = "greedy", seed: int = 0,
+                    resamples: int = RESAMPLES) -> list[PairedSpeedup]:  # fmt: skip
+    """Every configuration's paired speedup against `reference` (which itself comes out at exactly 1),
+    fastest first. The prompts' means are weighted equally: a prompt with more repetitions counts once."""
+    ratios = log_ratios(samples, reference)
+    if reference not in ratios:
+        raise ValueError(f"no sample of the reference configuration {reference!r} shares a prompt and repetition "
+                         "with another configuration")  # fmt: skip
+    out = []
+    for name, by_prompt in ratios.items():
+        per_prompt = [by_prompt[p] for p in sorted(by_prompt)]
+        rng = np.random.default_rng(seed)
+        center = math.exp(float(np.mean([np.mean(v) for v in per_prompt])))
+        out.append(PairedSpeedup(
+            name, center, bootstrap_measurement(per_prompt, rng, resamples), bootstrap_sampling(per_prompt, rng, resamples),
+            prompts=len(per_prompt), repetitions=max(len(v) for v in per_prompt), pairs=sum(map(len, per_prompt)),
+        ))  # fmt: skip
+    return sorted(out, key=lambda s: -s.speedup)
+
+
+def overlapping(a: PairedSpeedup, b: PairedSpeedup) -> bool:
+    """Whether the two configurations' measurement intervals overlap: the sweep does not tell them apart."""
+    (a_low, a_high), (b_low, b_high) = a.measurement_interval, b.measurement_interval
+    return a_low <= b_high and b_low <= a_high
+
+
+def format_table(speedups: Sequence[PairedSpeedup], reference: str = "greedy") -> str:
+    """Markdown: speedup, both intervals, and which configurations the best is not told apart from."""
+    best = speedups[0] if speedups else None
+    lines = [f"| configuration | speedup vs {reference} | 95% CI, repetitions | 95% CI, prompts | prompts x reps | "
+             "not told apart from the best |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for s in speedups:
+        tie = "" if s is best else ("yes" if overlapping(s, best) else "")
+        lines.append(f"| {s.configuration} | {s.speedup:.3f} | {s.measurement_interval[0]:.3f}-"
+                     f"{s.measurement_interval[1]:.3f} | {s.sampling_interval[0]:.3f}-{s.sampling_interval[1]:.3f} | "
+                     f"{s.prompts} x {s.repetitions} | {tie} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def speed_factor(steps: Mapping[str, Sequence], step_s: Sequence[float], skip_first: bool = True) -> float | None:
+    """How slow the machine was for one sample against a profile: the stage's measured step seconds over the
+    profile's t(n) for the same steps (n = tokens fed; beyond the profile's largest n, extrapolated along
+    its last two points). The first step (the prompt's prefill) is left out; None without steps."""
+    if not step_s:
+        return None
+    starts, ends, fed = steps["t_start"], steps["t_end"], steps["fed"]
+    rows = range(1 if skip_first else 0, len(fed))
+    measured = sum(ends[i] - starts[i] for i in rows)
+    predicted = sum(_step_cost(step_s, int(fed[i])) for i in rows)
+    return measured / predicted if predicted > 0 else None
+
+
+def _step_cost(step_s: Sequence[float], n: int) -> float:
+    if n <= len(step_s):
+        return float(step_s[max(n, 1) - 1])
+    slope = step_s[-1] - step_s[-2] if len(step_s) > 1 else 0.0
+    return float(step_s[-1] + slope * (n - len(step_s)))
+
+
+# ---- reading a sweep directory ---------------------------------------------------------------------------
+
+
+def sweep_samples(sweep_dir: str | Path) -> list[Sample]:
+    """The samples of a sweep directory: one run directory per configuration (its folder name), each record's
+    `slot` naming its prompt and repetition (`experiments.sweep`)."""
+    from analysis.rundir import ResultsError, read_records
+
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ResultsError(f"{sweep_dir}: no such directory")
+    samples = []
+    for run_dir in sorted(p for p in sweep_dir.iterdir() if (p / "samples.jsonl").is_file()):
+        records, _ = read_records(run_dir)
+        for record in records:
+            slot = record.get("slot")
+            if not isinstance(slot, Mapping):
+                raise ResultsError(f"{run_dir / 'samples.jsonl'}: record {record['sample_id']!r} has no slot "
+                                   "(prompt, repetition): not a sweep's run")  # fmt: skip
+            samples.append(Sample(run_dir.name, str(slot["prompt"]), int(slot["repetition"]), int(record["new_tokens"]),
+                                  float(record["time_s"])))  # fmt: skip
+    if not samples:
+        raise ResultsError(f"{sweep_dir}: no sweep runs here (folders with samples.jsonl)")
+    return samples
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from analysis.rundir import ResultsError
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.paired", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir")
+    parser.add_argument("--reference", default="greedy")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        speedups = paired_speedups(sweep_samples(args.sweep_dir), args.reference)
+    except (ResultsError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps([asdict(s) for s in speedups], indent=1) if args.json else format_table(speedups, args.reference))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Paired, interleaved sweep: greedy and any list of configurations of one hierarchy, on one set of stage
+processes, each prompt slot running every configuration in turn (`analysis.paired.rotation`).
+
+    python -m experiments.sweep                                   # conf/sweep.yaml: suffix -> fp32, HumanEval
+    python -m experiments.sweep models=smollm2_int8_fp32 dataset=news_lee_cnndm samples=8 repetitions=3
+    python -m experiments.sweep 'configurations=[{strategy: sd, lookahead: 4}]' profile=PROFILE.json
+
+The strategy and its options change per call on the same pipeline, so every configuration of a prompt slot
+runs within seconds of greedy's run of the same prompt: its speedup against greedy is a paired ratio that the
+machine's drift over minutes cannot bend (`analysis.paired`: geometric mean, and 95% intervals over
+repetitions and over prompts). Every call of a hierarchy with a suffix stage starts with its earlier outputs
+forgotten (`forget_outputs`), so no configuration is drafted from another's identical output of the prompt.
+
+The sweep directory holds one run directory per configuration (`analysis.rundir`: config.yaml, env.json,
+samples.jsonl with each record's `slot` {prompt, repetition} and sample id `ID@rN`, traces/, summary.json
+with identity and speedup against the greedy run beside it), and `paired.json` / `paired.md`. With `profile=`
+every record also carries its speed factor (the target's measured step seconds over the profile's t(n) for
+the same steps). Interrupted, `resume=true` in the same `hydra.run.dir` continues: finished samples are kept,
+nothing is measured twice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from experiments.conf import CONFIG_PATH  # noqa: E402
+from pipespec.errors import ConfigError  # noqa: E402
+
+CONFIGURATION_KEYS = ("strategy", "lookahead", "max_lead", "draft_confidence", "size_verification", "cascade",
+                      "value_stop")  # fmt: skip
+REFERENCE = "greedy"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One setting of the hierarchy: its folder name and the `generate` options it runs with."""
+
+    name: str
+    options: dict[str, Any]
+
+
+def configuration_name(options: Mapping[str, Any]) -> str:
+    """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade and _v0.1 (value_stop) suffixes."""
+    from pipespec.schedule import DEFAULT_MAX_LEAD
+
+    strategy = options.get("strategy", "pipespec")
+    if strategy == "greedy":
+        return "greedy"
+    name = f"{strategy}_L{options.get('lookahead', 0)}"
+    if strategy == "pipespec":
+        name += f"_M{options.get('max_lead', DEFAULT_MAX_LEAD)}"
+    extras = [(options.get("draft_confidence"), f"_c{options.get('draft_confidence')}"),
+              (options.get("size_verification"), "_sized"), (options.get("cascade"), "_cascade"),
+              (options.get("value_stop"), f"_v{options.get('value_stop')}")]  # fmt: skip
+    return name + "".join(suffix for value, suffix in extras if value)
+
+
+def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Sequence[str]) -> list[Configuration]:
+    """The sweep's configurations, greedy first: each a mapping of `CONFIGURATION_KEYS` (and `name`) that can
+    run on these stages; a `ConfigError` naming the bad one before anything starts."""
+    from pipespec.options import CallOptions
+
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ConfigError("configurations must be a non-empty list of mappings, e.g. [{strategy: sd, lookahead: 4}]")
+    found = [Configuration(REFERENCE, {"strategy": "greedy"})]
+    for position, entry in enumerate(raw):
+        where = f"configurations[{position}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where} must be a mapping of {list(CONFIGURATION_KEYS)}, got {entry!r}")
+        unknown = sorted(set(entry) - set(CONFIGURATION_KEYS) - {"name"})
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {list(CONFIGURATION_KEYS)} and name")
+        options = {key: entry[key] for key in CONFIGURATION_KEYS if key in entry}
+        try:
+            CallOptions(**options).plan(stage_kinds, stage_labels)
+        except ConfigError as error:
+            raise ConfigError(f"{where} cannot run on {' > '.join(stage_labels)}: {error}") from None
+        name = str(entry.get("name") or configuration_name(options))
+        if any(name == c.name for c in found):
+            if name == REFERENCE:
+                continue  # greedy listed again: it runs once, as the reference
+            raise ConfigError(f"{where}: the name {name!r} is taken by another configuration (give it a name)")
+        found.append(Configuration(name, options))
+    return found
+
+
+def check_counts(cfg: Mapping[str, Any]) -> None:
+    for key, minimum in (("samples", 1), ("repetitions", 1), ("max_new_tokens", 1), ("prompt_offset", 0),
+                         ("warmup_tokens", 0)):  # fmt: skip
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def run_config(cfg: Mapping[str, Any], configuration: Configuration) -> dict[str, Any]:
+    """What the configuration's run directory records as its config.yaml (the runner's shape)."""
+    strategy = {"name": configuration.options.get("strategy", "pipespec"),
+                **{k: v for k, v in configuration.options.items() if k != "strategy"}}  # fmt: skip
+    return {"models": cfg["models"], "strategy": strategy, "dataset": cfg["dataset"],
+            "max_new_tokens": cfg["max_new_tokens"], "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0},
+            "acceptance": {"mode": "exact", "rate": None},
+            "sweep": {"name": configuration.name, "repetitions": cfg["repetitions"], "samples": cfg["samples"],
+                      "prompt_offset": cfg["prompt_offset"], "forget_outputs": cfg["forget_outputs"]}}  # fmt: skip
+
+
+def sweep_prompts(cfg: Mapping[str, Any], tokenizer, context_length: int | None) -> list[tuple[Any, list[int], bool]]:
+    """(sample, prompt ids, truncated) of the `samples` prompts after the first `prompt_offset`."""
+    from experiments.data import build_prompt_ids, load_dataset
+
+    offset, count = cfg["prompt_offset"], cfg["samples"]
+    dataset = load_dataset({**cfg["dataset"], "n_samples": offset + count})
+    chosen = dataset.samples[offset : offset + count]
+    if len(chosen) < count:
+        raise ConfigError(f"dataset {dataset.name} has {len(dataset.samples)} samples: not {count} after the first "
+                          f"{offset} (prompt_offset)")  # fmt: skip
+    family = cfg["models"].get("family", "base")
+    return [(s, *build_prompt_ids(s, cfg["dataset"]["prompt"], tokenizer, family, context_length,
+                                  cfg["max_new_tokens"])) for s in chosen]  # fmt: skip
+
+
+class Sweep:
+    """The run directories of one sweep and the loop that fills them."""
+
+    def __init__(self, cfg: Mapping[str, Any], out_dir: Path, configurations: list[Configuration], pipe,
+                 prompts: list, profile_step_s: Sequence[float] | None = None):  # fmt: skip
+        from experiments.machine import environment
+        from experiments.runner import open_store
+
+        self.cfg, self.out_dir, self.configurations, self.pipe, self.prompts = cfg, out_dir, configurations, pipe, prompts
+        self.profile_step_s = profile_step_s
+        self.forget = bool(cfg["forget_outputs"]) and any(s.kind == "suffix" for s in pipe.specs)
+        self.stores = {}
+        for configuration in configurations:
+            config = run_config(cfg, configuration)
+            store = open_store(out_dir / configuration.name, config, bool(cfg["resume"]))
+            store.write_config(config)
+            store.write_env(environment(pipe.specs))
+            self.stores[configuration.name] = store
+
+    def slots(self) -> list[tuple[int, int, Configuration]]:
+        """(repetition, prompt index, configuration) in run order, without the finished ones."""
+        done = {name: store.finished_ids for name, store in self.stores.items()}
+        order = []
+        for repetition in range(self.cfg["repetitions"]):
+            for index, (sample, _, _) in enumerate(self.prompts):
+                for configuration in _rotation(self.configurations, index, repetition):
+                    if f"{sample.sample_id}@r{repetition}" not in done[configuration.name]:
+                        order.append((repetition, index, configuration))
+        return order
+
+    def warm_up(self) -> None:
+        tokens = self.cfg["warmup_tokens"]
+        if tokens:
+            for configuration in self.configurations:
+                self.pipe.generate(self.prompts[0][1], tokens, **configuration.options, forget_outputs=self.forget)
+
+    def run_one(self, repetition: int, index: int, configuration: Configuration) -> None:
+        from experiments.data import render_prompt_text
+        from experiments.runner import sample_record
+
+        sample, ids, truncated = self.prompts[index]
+        result = self.pipe.generate(ids, self.cfg["max_new_tokens"], **configuration.options, forget_outputs=self.forget)
+        text = render_prompt_text(sample.source, self.cfg["dataset"]["prompt"], self.pipe.tokenizer,
+                                  self.cfg["models"].get("family", "base"))  # fmt: skip
+        record = sample_record(index, sample, text, ids, truncated, result, None)
+        record["sample_id"] = f"{sample.sample_id}@r{repetition}"
+        record["index"] = repetition * len(self.prompts) + index
+        record["slot"] = {"prompt": str(sample.sample_id), "repetition": repetition}
+        if self.profile_step_s is not None:
+            from analysis.paired import speed_factor
+
+            record["speed_factor"] = speed_factor(result.stage_traces[-1].steps, self.profile_step_s)
+        trace = {"sample_id": record["sample_id"], "index": record["index"],
+                 "stages": [t.to_dict() for t in result.stage_traces]}  # fmt: skip
+        self.stores[configuration.name].append(record, trace)
+
+    def finish(self) -> list:
+        """Each run's summary (greedy's first: the others find it as their reference), then the paired table."""
+        from analysis.paired import format_table, paired_speedups, sweep_samples
+        from analysis.rundir import atomic_write_json, atomic_write_text, refresh_reference, summarize_run
+
+        for configuration in self.configurations:
+            store = self.stores[configuration.name]
+            config = run_config(self.cfg, configuration)
+            expected = self.cfg["repetitions"] * len(self.prompts)
+            store.write_summary(summarize_run(config, store.records, complete=len(store.records) == expected))
+            refresh_reference(store.run_dir)
+        speedups = paired_speedups(sweep_samples(self.out_dir), REFERENCE)
+        atomic_write_json(self.out_dir / "paired.json", [_as_dict(s) for s in speedups])
+        atomic_write_text(self.out_dir / "paired.md", format_table(speedups, REFERENCE) + "\n")
+        return speedups
+
+
+def _rotation(configurations: list[Configuration], index: int, repetition: int) -> list[Configuration]:
+    from analysis.paired import rotation
+
+    return rotation(configurations, index, repetition)
+
+
+def _as_dict(speedup) -> dict:
+    from dataclasses import asdict
+
+    return asdict(speedup)
+
+
+def profile_target_costs(path: str | None, specs) -> list[float] | None:
+    """The target's t(n) alone from a profile of this hierarchy (None without a profile)."""
+    if path is None:
+        return None
+    from analysis.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(path)
+    except ProfileError as error:
+        raise ConfigError(f"profile: {error}") from None
+    if len(profile.stages) != len(specs):
+        raise ConfigError(f"profile {path} has {len(profile.stages)} stages, this hierarchy {len(specs)}")
+    return list(profile.stages[-1].step_s_alone)
+
+
+def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
+    """The whole sweep into `out_dir`; the paired speedups, fastest first."""
+    from tqdm import tqdm
+
+    from experiments.hierarchies import resolve_stages
+    from pipespec.api import Pipeline
+
+    check_counts(cfg)
+    specs = resolve_stages(cfg["models"]["stages"])
+    configurations = check_configurations(cfg["configurations"], [s.kind for s in specs], [s.label for s in specs])
+    step_s = profile_target_costs(cfg.get("profile"), specs)
+    pipe = Pipeline(specs, stall_timeout_s=cfg["stall_timeout_s"], start_timeout_s=cfg["start_timeout_s"])
+    prompts = sweep_prompts(cfg, pipe.tokenizer, pipe.context_length)
+    sweep = Sweep(cfg, Path(out_dir), configurations, pipe, prompts, step_s)
+    slots = sweep.slots()
+    with pipe:
+        if slots:
+            sweep.warm_up()
+        bar = tqdm(slots, desc=f"sweep {cfg['models']['name']} {cfg['dataset']['name']}", unit="run", file=sys.stderr,
+                   disable=not cfg["progress"])  # fmt: skip
+        for repetition, index, configuration in bar:
+            bar.set_postfix_str(f"rep {repetition + 1} {configuration.name}", refresh=False)
+            sweep.run_one(repetition, index, configuration)
+    return sweep.finish()
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="sweep")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from analysis.paired import format_table
+    from analysis.rundir import ResultsError
+    from experiments.data import DataError
+    from experiments.runner import RunError
+    from pipespec.errors import StageError
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        speedups = run_sweep(config, HydraConfig.get().runtime.output_dir)
+    except (ConfigError, DataError, RunError, StageError, ResultsError, ValueError) as error:
+        print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(format_table(speedups, REFERENCE))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The paired, interleaved sweep (experiments.sweep) on tiny models: every configuration of one hierarchy in
+every prompt slot of one pipeline, identical to greedy, resumable, and bad configurations refused up front."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.rundir import read_records, read_summary
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = "configurations=[{strategy: sd, lookahead: 2}, {strategy: pipespec, lookahead: 0, max_lead: 4}]"
+
+
+def sweep(out, *overrides, timeout=300):
+    command = [sys.executable, "-m", "experiments.sweep", "models=tiny_k2", "dataset=news_lee_cnndm", "samples=2",
+               "prompt_offset=1", "repetitions=2", "max_new_tokens=8", "warmup_tokens=2", "progress=false",
+               f"hydra.run.dir={out}", *overrides]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    done = sweep(out, CONFIGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done
+
+
+def test_every_configuration_runs_every_slot_identical_to_greedy_with_paired_figures(swept):
+    out, done = swept
+    names = ["greedy", "sd_L2", "pipespec_L0_M4"]
+    assert sorted(p.name for p in out.iterdir() if (p / "samples.jsonl").exists()) == sorted(names)
+    slots = {}
+    for name in names:
+        records, dropped = read_records(out / name)
+        assert dropped == 0 and len(records) == 4  # 2 prompts x 2 repetitions
+        slots[name] = {(r["slot"]["prompt"], r["slot"]["repetition"]): r for r in records}
+        summary = read_summary(out / name)
+        assert summary["complete"] and summary["n_samples"] == 4
+        if name != "greedy":
+            assert summary["identical_to_greedy"] == "4/4" and summary["reference_run"].endswith("greedy")
+    assert slots["greedy"].keys() == slots["sd_L2"].keys() == slots["pipespec_L0_M4"].keys()
+    assert len({prompt for prompt, _ in slots["greedy"]}) == 2 and {rep for _, rep in slots["greedy"]} == {0, 1}
+    paired = {row["configuration"]: row for row in json.loads((out / "paired.json").read_text())}
+    assert set(paired) == set(names) and paired["greedy"]["speedup"] == pytest.approx(1.0)
+    for row in paired.values():
+        low, high = row["measurement_interval"]
+        assert low <= row["speedup"] <= high and row["pairs"] == 4
+    assert "| sd_L2 |" in done.stdout and "speedup vs greedy" in (out / "paired.md").read_text()
+
+
+def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tmp_path):
+    import shutil
+
+    out, _ = swept
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    lines = (copy / "sd_L2" / "samples.jsonl").read_text().splitlines(keepends=True)
+    (copy / "sd_L2" / "samples.jsonl").write_text("".join(lines[:2]) + lines[2][:25])  # killed while writing
+    kept = {json.loads(line)["sample_id"]: json.loads(line)["time_s"] for line in lines[:2]}
+    refused = sweep(copy, CONFIGS)
+    assert refused.returncode == 2 and "resume=true" in refused.stderr.strip().splitlines()[-1]
+    done = sweep(copy, CONFIGS, "resume=true")
+    assert done.returncode == 0, done.stderr[-3000:]
+    records, dropped = read_records(copy / "sd_L2")
+    assert dropped == 0 and len(records) == 4
+    assert all(r["time_s"] == kept[r["sample_id"]] for r in records if r["sample_id"] in kept)
+    assert [len(read_records(copy / n)[0]) for n in ("greedy", "pipespec_L0_M4")] == [4, 4]
+    assert read_summary(copy / "sd_L2")["identical_to_greedy"] == "4/4"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("configurations=[]", "configurations must be a non-empty list"),
+    ("configurations=[{strategy: pipespec, cascade: true}]", "configurations[0] cannot run on"),
+    ("configurations=[{models: tiny_k3, strategy: sd}]", "configurations[0]: unknown key(s) ['models']"),
+    ("configurations=[{strategy: sd, lookahead: 2}, {strategy: sd, lookahead: 2}]", "is taken by another"),
+    ("repetitions=0", "repetitions must be an integer >= 1"),
+])  # fmt: skip
+def test_a_bad_sweep_is_one_error_line_before_anything_starts(override, message, tmp_path):
+    done = sweep(tmp_path / "bad", override, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1], done.stderr[-2000:]
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("samples.jsonl"))
