@@ -2,11 +2,14 @@
 
     summary = run_experiment(config, run_dir)
 
-`config` is a plain mapping shaped like the composed `conf/config.yaml` (models,
-strategy, dataset, max_new_tokens, acceptance, run); Hydra is only the entry
-point (`experiments/run.py`), so this module works without it. The run:
+`config` is an `experiments.config.RunConfig`, or the plain mapping it is made from,
+shaped like the composed `conf/config.yaml` (models, strategy, dataset, max_new_tokens,
+sampling, acceptance, run); Hydra is only the entry point (`experiments/run.py`), so this
+module works without it. The run:
 
-1. loads the dataset and refuses bad options before any process starts;
+1. checks every option (`RunConfig.from_config`), loads the dataset and builds its
+   prompts (`experiments.data.prompts_for`), and under `strategy=auto` makes the
+   choice (`experiments.auto`), all before any process starts;
 2. opens the run directory (`analysis.rundir.RunStore`): a fresh one, or with
    `run.resume` an interrupted one whose finished samples are kept and skipped;
 3. starts the pipeline, takes one short untimed generation (first-call
@@ -20,19 +23,18 @@ point (`experiments/run.py`), so this module works without it. The run:
 from __future__ import annotations
 
 import contextlib
-import os
-import platform
-import socket
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from pipespec.errors import ConfigError
+from analysis.rundir import RunStore, ResultsError, refresh_reference, stage_stats, summarize_run
+from experiments.config import RunConfig
 from experiments.machine import environment
 from pipespec.gpu import GpuMonitor, sample_gpu_figures
-from analysis.rundir import RunStore, ResultsError, refresh_reference, stage_stats, summarize_run
-from pipespec.schedule import DEFAULT_MAX_LEAD
 from pipespec.stats import StageStats, pool
+
+if TYPE_CHECKING:
+    from experiments.data import DatasetPrompts, Prompt
 
 
 class RunError(RuntimeError):
@@ -81,16 +83,6 @@ def sample_record(index: int, sample, prompt_text: str, prompt_ids, truncated: b
 # ---- the run ----------------------------------------------------------------------------
 
 
-def check_run_config(config: Mapping[str, Any]) -> None:
-    """Options the engine does not check itself, named as the user types them."""
-    budget = config.get("max_new_tokens")
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
-        raise ConfigError(f"max_new_tokens must be an integer > 0, got {budget!r}")
-    family = config["models"].get("family", "base")
-    if family not in ("base", "chat"):
-        raise ConfigError(f"models.family must be 'base' or 'chat', got {family!r}")
-
-
 def open_store(run_dir: Path, config: Mapping[str, Any], resume: bool) -> RunStore:
     """A fresh run directory, or (resume) one holding the same config; never mixes two configs."""
     from analysis.rundir import read_config
@@ -112,82 +104,120 @@ def open_store(run_dir: Path, config: Mapping[str, Any], resume: bool) -> RunSto
     return RunStore(run_dir)
 
 
-def run_experiment(config: Mapping[str, Any], run_dir: str | Path, progress: bool | None = None) -> dict[str, Any]:
+def run_prompts(run: RunConfig) -> DatasetPrompts:
+    """The run's prompts, built once before anything starts, with the target's tokenizer (the stages'
+    shared vocabulary checked) and context length."""
+    from pipespec.models import check_shared_vocabulary, context_length
+
+    return run.prompts(check_shared_vocabulary(run.stages), context_length(run.target.model))
+
+
+def prepare(run: RunConfig) -> tuple[RunConfig, DatasetPrompts, Any]:
+    """(the run as it runs, its prompts, the auto choice or None): under strategy auto, at the configuration
+    the machine profile predicts fastest (`experiments.auto`)."""
+    prompts = run_prompts(run)
+    if not run.is_auto:
+        return run, prompts, None
+    from experiments.auto import choose_for_run
+
+    choice = choose_for_run(run, prompts)
+    return run.chosen(choice), prompts, choice
+
+
+def run_sample(pipe, run: RunConfig, prompt: Prompt, task: str) -> tuple[dict, dict]:
+    """Generate one sample (each turn of a multi-turn question in turn): its record (samples.jsonl) and trace."""
+    from experiments.data import render_prompt_text
+    from experiments.data.spec_bench import record_fields, sample_turns
+
+    if len(sample_turns(prompt.sample)) > 1:
+        return run_conversation(pipe, run, prompt)
+    result = pipe.generate(prompt.ids, run.budget, seed=run.call.seed + prompt.index)
+    quality = quality_of(prompt.sample, result.text, task, run.family, run.options.execute_code)
+    text = render_prompt_text(prompt.sample.source, run.dataset["prompt"], pipe.tokenizer, run.family)
+    record = sample_record(prompt.index, prompt.sample, text, prompt.ids, prompt.truncated, result, quality)
+    record.update(record_fields(prompt.sample))
+    trace = {"sample_id": prompt.sample_id, "index": prompt.index, "stages": [t.to_dict() for t in result.stage_traces]}
+    return record, trace
+
+
+def run_conversation(pipe, run: RunConfig, prompt: Prompt) -> tuple[dict, dict]:
+    """A multi-turn question (`experiments.data.spec_bench`): one generation per turn, each prompt holding the
+    earlier turns and the model's own answers. The record's top-level figures are the turns' totals (output ids
+    and margins concatenated, stage counts pooled), with each turn's own under `turns`; the trace holds turn 0's
+    stages at the top (the format's required list) and every turn's under `turns`."""
+    from experiments.data.spec_bench import history_answer, record_fields, sample_turns, turn_prompt_ids, turn_prompt_text
+
+    sample, answers, results, texts = prompt.sample, [], [], []
+    for turn in range(len(sample_turns(sample))):
+        ids, truncated = (prompt.ids, prompt.truncated) if turn == 0 else turn_prompt_ids(
+            sample, turn, answers, run.dataset["prompt"], pipe.tokenizer, run.family, pipe.context_length, run.budget)
+        texts.append(turn_prompt_text(sample, turn, answers, run.dataset["prompt"], pipe.tokenizer, run.family))
+        results.append((ids, truncated, pipe.generate(ids, run.budget, seed=run.call.seed + prompt.index)))
+        answers.append(history_answer(results[-1][2].text))
+    record = _conversation_record(prompt, texts, results)
+    record.update(record_fields(sample))
+    trace = {"sample_id": prompt.sample_id, "index": prompt.index,
+             "stages": [t.to_dict() for t in results[0][2].stage_traces],
+             "turns": [{"stages": [t.to_dict() for t in result.stage_traces]} for _, _, result in results]}  # fmt: skip
+    return record, trace
+
+
+def _conversation_record(prompt: Prompt, texts: list[str], results: list) -> dict:
+    first_ids, first_truncated, first = results[0]
+    record = sample_record(prompt.index, prompt.sample, texts[0], first_ids, first_truncated, first, None)
+    outputs = [result for _, _, result in results]
+    tokens = [t for result in outputs for t in result.tokens]
+    seconds = sum(result.time_s for result in outputs)
+    per_stage = zip(*(result.summary() for result in outputs))
+    record.update({
+        "output_ids": tokens, "output_text": "\n".join(result.text for result in outputs), "new_tokens": len(tokens),
+        "time_s": seconds, "tokens_per_s": len(tokens) / seconds if seconds > 0 else None,
+        "stages": [pool(StageStats.from_dict(s) for s in stages).as_dict(stages[0]["name"]) for stages in per_stage],
+        "target_margins": [m for result in outputs for m in (result.margins or [])],
+        "turns": [{"prompt": text, "prompt_tokens": len(ids), "truncated": truncated, "output_ids": result.tokens,
+                   "output_text": result.text, "new_tokens": len(result.tokens), "time_s": result.time_s,
+                   "stages": result.summary(), "target_margins": result.margins}
+                  for text, (ids, truncated, result) in zip(texts, results)],
+    })  # fmt: skip
+    return record
+
+
+def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
+                   progress: bool | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run `config` (a `RunConfig`, or the composed dict it is made from) into `run_dir`; the summary."""
     from tqdm import tqdm
 
     from pipespec.api import Pipeline
-    from experiments.data import build_prompt_ids, load_dataset, render_prompt_text
-    from experiments.hierarchies import resolve_stages
 
+    run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     run_dir = Path(run_dir)
-    options = config.get("run") or {}
-    progress = options.get("progress", True) if progress is None else progress
-    check_run_config(config)
-    specs = resolve_stages(config["models"]["stages"])
-    dataset = load_dataset(config["dataset"])
-    family = config["models"].get("family", "base")
-    strategy = config["strategy"]
-    budget = config["max_new_tokens"]
-    template = config["dataset"]["prompt"]
-    sampling = config.get("sampling") or {}
-    acceptance = config.get("acceptance") or {}
-    auto = None
-    if strategy["name"] == "auto":  # the configuration the machine profile predicts fastest (experiments.auto)
-        from experiments.auto import choose_for_run
-
-        auto = choose_for_run(config, specs, dataset)
-        specs = [specs[i] for i in auto.stages]
-        strategy = {**strategy, "name": auto.strategy, "lookahead": auto.lookahead, "max_lead": auto.max_lead}
-    # every check (vocabularies, options, prompt lengths) runs before anything is written
-    pipe = Pipeline(
-        specs,
-        strategy=strategy["name"],
-        lookahead=strategy.get("lookahead", 0),
-        max_lead=strategy.get("max_lead", DEFAULT_MAX_LEAD),
-        draft_confidence=strategy.get("draft_confidence", 0.0),
-        size_verification=strategy.get("size_verification", False),
-        cascade=strategy.get("cascade", False),
-        value_stop=strategy.get("value_stop", 0.0),
-        stall_timeout_s=options.get("stall_timeout_s", 30),
-        start_timeout_s=options.get("start_timeout_s", 600),
-        temperature=sampling.get("temperature", 0.0),
-        top_k=sampling.get("top_k", 0),
-        top_p=sampling.get("top_p", 1.0),
-        seed=sampling.get("seed", 0),
-        acceptance=acceptance.get("mode", "exact"),
-        synthetic_rates=acceptance.get("rate"),
-    )
-    store = open_store(run_dir, config, bool(options.get("resume")))
-    todo = [(i, s) for i, s in enumerate(dataset.samples) if s.sample_id not in store.finished_ids]
-    prompts = {i: build_prompt_ids(s, template, pipe.tokenizer, family, pipe.context_length, budget) for i, s in todo}
-    store.write_config(config)
-    store.write_env(environment(specs))
+    progress = run.options.progress if progress is None else progress
+    # every check (options, vocabularies, prompt lengths) runs before anything is written
+    run, prompts, auto = prepare(run)
+    pipe = Pipeline(list(run.stages), **run.pipeline_options())
+    store = open_store(run_dir, run.raw, run.options.resume)
+    todo = [p for p in prompts.prompts if p.sample_id not in store.finished_ids]
+    store.write_config(run.raw)
+    store.write_env(environment(list(run.stages)))
     if store.records:
         print(f"resuming {run_dir}: {len(store.records)} samples done, {len(todo)} to go", file=sys.stderr)
-    monitor = GpuMonitor(run_dir / "gpu.csv") if options.get("gpu_monitor", True) else contextlib.nullcontext()
+    dataset = prompts.dataset
+    monitor = GpuMonitor(run_dir / "gpu.csv") if run.options.gpu_monitor else contextlib.nullcontext()
     with monitor, pipe:
-        if todo and options.get("warmup_tokens", 8):
-            pipe.generate(prompts[todo[0][0]][0], options["warmup_tokens"])
-        label = f"{config['models']['name']} {strategy['name']} {dataset.name}"
+        if todo and run.options.warmup_tokens:
+            pipe.generate(todo[0].ids, run.options.warmup_tokens)
+        label = f"{run.hierarchy} {run.call.strategy} {dataset.name}"
         bar = tqdm(todo, desc=label, disable=not progress, file=sys.stderr, unit="sample")
-        for index, sample in bar:
-            prompt_ids, truncated = prompts[index]
-            result = pipe.generate(prompt_ids, budget, seed=sampling.get("seed", 0) + index)
-            quality = quality_of(sample, result.text, dataset.task, family, bool(options.get("execute_code")))
-            prompt_text = render_prompt_text(sample.source, template, pipe.tokenizer, family)
-            store.append(
-                sample_record(index, sample, prompt_text, prompt_ids, truncated, result, quality),
-                {"sample_id": sample.sample_id, "index": index, "stages": [t.to_dict() for t in result.stage_traces]},
-            )
+        for prompt in bar:
+            store.append(*run_sample(pipe, run, prompt, dataset.task))
             bar.set_postfix_str(_live_figures(store.records))
-    summary = summarize_run({**config, "strategy": strategy}, store.records,
-                            complete=len(store.records) == len(dataset.samples))  # fmt: skip
+    summary = summarize_run(run.recorded(), store.records, complete=len(store.records) == len(dataset.samples))
     summary["dataset_description"] = dataset.description()
     if auto is not None:
         summary["auto"] = auto.record()
     store.write_summary(summary)
     try:
-        summary = refresh_reference(run_dir, options.get("reference_run"))
+        summary = refresh_reference(run_dir, run.options.reference_run)
     except ResultsError as error:
         raise RunError(str(error)) from None
     return summary

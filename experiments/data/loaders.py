@@ -1,4 +1,4 @@
-"""Dataset loaders: HumanEval, CNN/DailyMail, XSum and the offline `news_lee` stand-in.
+"""Dataset loaders: HumanEval, CNN/DailyMail, XSum, Spec-Bench and the offline `news_lee` stand-in.
 
 Every loader returns a `LoadedDataset`: a list of uniform `Sample` records plus a
 description (name, label, stand-in flag, origin, selection) for results and reports.
@@ -7,14 +7,15 @@ Entry point: `load_dataset(cfg)`, where `cfg` is a plain mapping (dict or OmegaC
 node) with the fields of a `conf/dataset/*.yaml` file:
 
     name             results key, e.g. "cnn_dailymail" or "news_lee_xsum"
-    loader           "humaneval" | "hub" | "news_lee"
+    loader           "humaneval" | "hub" | "news_lee" | "spec_bench"
     label            human-readable name for tables and figures
-    task             "summarization" | "code"
+    task             "summarization" | "code" | "chat" (Spec-Bench's mixed questions)
     stand_in         must match the loader (true only for news_lee)
     hub_id, hub_config, hub_revision, split   hub datasets only
     source_field, reference_field, id_field   column names (hub / local copies)
     path             local copy; null = bundled data (humaneval, news_lee) or the hub
     n_samples, seed, ids            selection, see `select_samples`
+    categories       spec_bench only: the question categories kept (null = all)
 
 Hub datasets are never fetched when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set:
 `HubOfflineError` is raised at once, naming `dataset.path`, instead of letting
@@ -63,6 +64,10 @@ class EmptyDatasetError(DataError):
 
 class UnknownFieldError(DataError):
     """A configured field name is not a column of the dataset."""
+
+
+class QuestionFormatError(DataError):
+    """A line of a Spec-Bench question file lacks a field or holds the wrong type; the message names both."""
 
 
 # -------------------------------------------------------------------------- records
@@ -258,12 +263,85 @@ def _load_news_lee(cfg: Mapping[str, Any], meta: dict[str, Any]) -> tuple[list[S
     return samples, str(directory)
 
 
+def _load_spec_bench(cfg: Mapping[str, Any], meta: dict[str, Any]) -> tuple[list[Sample], str]:
+    """Spec-Bench's question file (data/spec_bench/question.jsonl of hemingkx/Spec-Bench), from `path`
+    or the hub dataset `hub_id`: one question a line, {"question_id", "category", "turns": [user turn,
+    ...], "reference"?: [one per turn]}. A sample's source is its first turn; meta holds "question_id",
+    "category", "turns" and "references" (`experiments.data.spec_bench` builds the later turns' prompts).
+    `categories` keeps the questions of those categories, in file order."""
+    if cfg.get("path"):
+        path = _existing_path(cfg["path"])
+        if not path.is_file():
+            raise DatasetPathError(f"{CONFIG_PREFIX}.path {str(path)!r} is not a file: point it at question.jsonl")
+        numbered, origin, unit = _read_json_lines(path), str(path), "line"
+    else:
+        if not cfg.get("hub_id"):
+            raise DataError(
+                f"{cfg.get('name')}: set {CONFIG_PREFIX}.path to Spec-Bench's data/spec_bench/question.jsonl "
+                f"(github.com/hemingkx/Spec-Bench) or {CONFIG_PREFIX}.hub_id to a hub dataset of it"
+            )
+        rows, origin = _read_hub_rows(cfg)
+        numbered, unit = list(enumerate(rows, start=1)), "row"
+    samples, first_line = [], {}
+    for number, row in numbered:
+        sample = _question_sample(row, f"{origin} {unit} {number}", meta)
+        if sample.sample_id in first_line:
+            first = first_line[sample.sample_id]
+            raise QuestionFormatError(f"{origin} {unit} {number}: question_id {sample.sample_id} repeats {unit} {first}")
+        first_line[sample.sample_id] = number
+        samples.append(sample)
+    return _select_categories(samples, cfg.get("categories"), origin), origin
+
+
 # loader name -> (is a stand-in, function returning (samples, origin))
 _LOADERS = {
     "humaneval": (False, _load_humaneval),
     "hub": (False, _load_hub),
     "news_lee": (True, _load_news_lee),
+    "spec_bench": (False, _load_spec_bench),
 }
+
+
+# ------------------------------------------------------------------ Spec-Bench questions
+
+
+def _question_sample(row: Any, where: str, meta: dict[str, Any]) -> Sample:
+    """One Spec-Bench question as a Sample; `where` ("FILE line N") names it in errors."""
+    if not isinstance(row, Mapping):
+        raise QuestionFormatError(f"{where}: not a JSON object")
+    for key in ("question_id", "category", "turns"):
+        if key not in row:
+            raise QuestionFormatError(f"{where}: missing field {key!r}")
+    question_id, category, turns = row["question_id"], row["category"], row["turns"]
+    if isinstance(question_id, bool) or not isinstance(question_id, (int, str)):
+        raise QuestionFormatError(f"{where}: field 'question_id' must be an integer or a string")
+    if not isinstance(category, str) or not category:
+        raise QuestionFormatError(f"{where}: field 'category' must be a non-empty string")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+        raise QuestionFormatError(f"{where}: field 'turns' must be a non-empty list of strings")
+    references = row.get("reference")
+    if references is not None and not isinstance(references, list):
+        raise QuestionFormatError(f"{where}: field 'reference' must be a list (one entry per turn)")
+    first_reference = references[0] if references else None
+    return Sample(
+        sample_id=str(question_id),
+        source=turns[0],
+        reference=first_reference if isinstance(first_reference, str) else None,
+        meta={**meta, "question_id": question_id, "category": category, "turns": tuple(turns),
+              "references": tuple(references) if references else None},
+    )  # fmt: skip
+
+
+def _select_categories(samples: list[Sample], categories: Any, origin: str) -> list[Sample]:
+    """The samples of `categories` (a name or a list of names; None: all), in file order."""
+    if categories is None:
+        return samples
+    wanted = [categories] if isinstance(categories, str) else list(categories)
+    known = list(dict.fromkeys(sample.meta["category"] for sample in samples))
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise DataError(f"{CONFIG_PREFIX}.categories: unknown {unknown}; {origin} has {known}")
+    return [sample for sample in samples if sample.meta["category"] in wanted]
 
 
 # ---------------------------------------------------------------------- row sources
@@ -277,11 +355,13 @@ def _read_hub_rows(cfg: Mapping[str, Any]) -> tuple[Sequence[Mapping[str, Any]],
     # Checked before importing `datasets`: offline it would retry the network for ~50 s.
     if hub_offline():
         switches = ", ".join(f"{var}={os.environ[var]}" for var in _offline_switches_set())
+        copy = (
+            f"save_to_disk directory or .jsonl with fields {cfg.get('source_field')!r}/{cfg.get('reference_field')!r}"
+            if cfg.get("source_field") else "a .jsonl file of its rows"
+        )  # fmt: skip
         raise HubOfflineError(
             f"{cfg.get('name', hub_id)}: hub dataset {hub_id!r} is unavailable offline "
-            f"({switches}); set {CONFIG_PREFIX}.path to a local "
-            f"copy (save_to_disk directory or .jsonl with fields "
-            f"{cfg.get('source_field')!r}/{cfg.get('reference_field')!r})"
+            f"({switches}); set {CONFIG_PREFIX}.path to a local copy ({copy})"
         )
     import datasets
 
@@ -337,6 +417,23 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def _read_json_lines(path: Path) -> list[tuple[int, Any]]:
+    """(line number, JSON value) of each non-empty line of a .jsonl(.gz) file; a line that is not JSON
+    is an error naming it."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    values = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if line.strip():
+                    values.append((number, json.loads(line)))
+    except json.JSONDecodeError as error:
+        raise DatasetPathError(f"{path} line {number}: not JSON ({error.msg})") from None
+    except (UnicodeDecodeError, OSError) as error:
+        raise DatasetPathError(f"{path}: not a UTF-8 JSON-lines file ({type(error).__name__})") from None
+    return values
 
 
 def _read_lines(path: Path) -> list[str]:

@@ -1,7 +1,14 @@
-"""Output quality: ROUGE for summaries, pass@1 for HumanEval completions.
+"""Output quality: ROUGE (and any `evaluate` metric) for text, pass@1 for HumanEval completions.
 
-ROUGE-1/2/L F-measures come straight from `rouge-score` (Porter stemming on),
-averaged over samples, on a 0-1 scale.
+Text metrics go through `evaluate`'s Metric API. `dataset.metric` names one: a metric
+shipped in `experiments/metrics/` (loaded from disk, so offline too), a local metric
+directory or script, or any evaluate id (e.g. "bleu", "evaluate-metric/rouge") for users
+online. Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set, or evaluate's own
+HF_EVALUATE_OFFLINE) a hub id is looked up in evaluate's modules cache only; one that is
+not there is a `MetricError` at once instead of evaluate trying the network.
+
+ROUGE-1/2/L F-measures come from the shipped `rouge` metric, which wraps `rouge-score`
+(Porter stemming on); `rouge_scores` averages them over samples, on a 0-1 scale.
 
 pass@1 executes model-written code. It is opt-in (`allow_code_execution=True`) and
 warns every time. Each completion runs in its own child interpreter, in a fresh
@@ -18,8 +25,10 @@ This is damage control, not a security sandbox: run untrusted models in a contai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import numbers
 import os
 import signal
 import subprocess
@@ -28,15 +37,23 @@ import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from .loaders import Sample
+from experiments.metrics import bundled_metric_path, bundled_metrics
+
+from .loaders import CONFIG_PREFIX, DataError, Sample, hub_offline
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
+ROUGE_METRIC = "rouge"  # the shipped evaluate metric module (experiments/metrics/rouge)
+PASS_AT_1 = "pass@1"  # dataset.metric of HumanEval: executes code (check_completion), not an evaluate metric
 
 
 class CodeExecutionWarning(UserWarning):
     """Emitted whenever model-written code is about to be executed."""
+
+
+class MetricError(DataError):
+    """A quality metric (`dataset.metric`) cannot be found, loaded or computed; the message names it."""
 
 
 # --------------------------------------------------------------------------- ROUGE
@@ -56,26 +73,100 @@ def rouge_scores(
 def rouge_per_sample(
     predictions: Sequence[str], references: Sequence[str | None], *, use_stemmer: bool = True
 ) -> list[dict[str, float]]:
-    """ROUGE-1/2/L F-measure of each prediction against its reference."""
+    """ROUGE-1/2/L F-measure of each prediction against its reference (the shipped evaluate metric)."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
     if not predictions:
         raise ValueError("ROUGE needs at least one prediction")
     if any(reference is None for reference in references):
         raise ValueError("a reference is None: stand-in datasets have no ROUGE references")
-    scorer = _rouge_scorer(use_stemmer)
-    # rouge-score's argument order is (target, prediction).
-    return [
-        {name: score.fmeasure for name, score in scorer.score(ref, pred).items()}
-        for pred, ref in zip(predictions, references)
-    ]
+    scores = load_metric(ROUGE_METRIC).compute(
+        predictions=list(predictions), references=list(references), rouge_types=list(ROUGE_TYPES),
+        use_stemmer=use_stemmer, use_aggregator=False,
+    )  # fmt: skip
+    return [{name: scores[name][i] for name in ROUGE_TYPES} for i in range(len(predictions))]
 
 
-@functools.lru_cache(maxsize=2)
-def _rouge_scorer(use_stemmer: bool):
-    from rouge_score import rouge_scorer
+# ------------------------------------------------------------- evaluate metrics
 
-    return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
+
+def metric_scores(name: str, predictions: Sequence[Any], references: Sequence[Any], **options: Any) -> dict[str, Any]:
+    """`evaluate`'s compute of metric `name` (see `load_metric`) on aligned predictions and references."""
+    metric = load_metric(name)
+    try:
+        return metric.compute(predictions=list(predictions), references=list(references), **options)
+    except (TypeError, ValueError) as error:  # evaluate's checks of inputs and options
+        raise MetricError(f"{CONFIG_PREFIX}.metric={name!r} cannot score these inputs: {_first_line(error)}") from None
+
+
+def score_sample(name: str, prediction: Any, reference: Any) -> dict[str, float]:
+    """The numeric figures of metric `name` for one prediction: a sample record's `quality`.
+
+    ROUGE gives exactly `rouge_per_sample`'s numbers; any other metric the numbers of its
+    compute on this one pair (lists and strings it returns are left out)."""
+    if name == PASS_AT_1:
+        raise MetricError(f"{CONFIG_PREFIX}.metric={PASS_AT_1!r} executes code: score it with check_completion")
+    if name == ROUGE_METRIC:
+        return rouge_per_sample([prediction], [reference])[0]
+    scores = metric_scores(name, [prediction], [reference])
+    return {key: float(value) for key, value in scores.items() if _is_number(value)}
+
+
+@functools.lru_cache(maxsize=8)
+def load_metric(name: str):
+    """The `evaluate.EvaluationModule` that `dataset.metric=name` names, kept in memory (no cache files).
+
+    `name` is, in this order: a metric shipped in experiments/metrics ("rouge"), a local metric
+    directory or script, or an evaluate id. Raises `MetricError` naming the option when evaluate
+    finds none (offline: when the id is not in evaluate's modules cache)."""
+    import evaluate
+    import evaluate.config
+
+    shipped = bundled_metric_path(name)
+    source = str(shipped) if shipped is not None else name
+    offline = hub_offline() or bool(evaluate.config.HF_EVALUATE_OFFLINE)
+    try:
+        with _evaluate_offline_if(offline):
+            return evaluate.load(source, keep_in_memory=True)
+    except (FileNotFoundError, ConnectionError) as error:
+        raise MetricError(_unknown_metric(name, error, offline)) from None
+
+
+def _unknown_metric(name: str, error: BaseException, offline: bool) -> str:
+    """One line: where `name` was looked for (evaluate's own reason where it helps: a path, online)."""
+    shipped = f"not shipped with pipespec ({', '.join(bundled_metrics())})"
+    if Path(name).exists():
+        return f"{CONFIG_PREFIX}.metric={name!r}: not an evaluate metric module ({_first_line(error)})"
+    if offline:
+        return (f"{CONFIG_PREFIX}.metric={name!r}: no such metric offline: {shipped}, no local metric directory, "
+                "not in evaluate's modules cache (the hub is not asked offline)")  # fmt: skip
+    return (f"{CONFIG_PREFIX}.metric={name!r}: no such metric: {shipped}, no local metric directory, "
+            f"not an evaluate id ({_first_line(error)})")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _evaluate_offline_if(offline: bool) -> Iterator[None]:
+    """evaluate reads only its own HF_EVALUATE_OFFLINE (at import): with the hub switched off, it
+    would still ask the hub for an id, waiting up to 100 s a request. Setting its switch for the call
+    makes a hub id fail at once or come from evaluate's modules cache."""
+    import evaluate.config
+
+    previous = evaluate.config.HF_EVALUATE_OFFLINE
+    evaluate.config.HF_EVALUATE_OFFLINE = previous or offline
+    try:
+        yield
+    finally:
+        evaluate.config.HF_EVALUATE_OFFLINE = previous
+
+
+def _is_number(value: Any) -> bool:
+    """A finite real number (numpy scalars included), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 # ------------------------------------------------------------- completion cleanup
