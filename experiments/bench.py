@@ -79,13 +79,13 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     family = cfg.get("prompt_family") or setup.k2.family or "chat"
     prompts = load_prompts(cfg, tokenizer, context_length(setup.target.model), family)
     max_new = cfg["max_new_tokens"]
-    torch.set_num_threads(cfg["hf"]["threads"])
+    torch.set_num_threads(cfg["hf"]["threads"][0])
 
     rss = PeakRSS().start()
     started = None
     try:
         started = Systems(cfg, setup, auto_profile_prompts(cfg, tokenizer, context_length(setup.target.model), family))
-        systems = started.build()
+        systems = started.compile_hf(started.build(), prompts[0], max_new)  # before anything is timed
         if cfg["warmup_tokens"] > 0:  # one short untimed generation per system (first-call allocations)
             for system in systems:
                 system.run(prompts[0], cfg["warmup_tokens"])
@@ -94,6 +94,8 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         processes = started.processes()
         report = summarize(cfg, systems, prompts, rss, prepass, setup.k2, setup.k3, family, setup.more)
         report["processes"] = processes
+        report["skipped"] = dict(started.skipped)
+        report["notes"] += [f"{name} not run: {why}" for name, why in started.skipped.items()]
     finally:
         rss.stop()
         if started is not None:

@@ -24,6 +24,8 @@ TINY = [
     "warmup_tokens=4",
     "prepass_prompts=1",
     "progress=false",
+    "hf.threads=1",  # the thread pre-pass has its own test
+    "greedy_threads=[1]",
     "systems=[" + ",".join(SYSTEMS + [CASCADE]) + "]",  # auto has its own test (tests/test_auto.py)
     "hierarchies=[tiny_k2]",
     'system_options=[{system:"pipespec@tiny_k2",lookahead:1},{system:"pipespec@tiny_pld_k3",cascade:true}]',
@@ -186,3 +188,49 @@ def test_prompt_offset_skips_the_first_prompts():
     assert load_prompts({**cfg, "samples": 2, "prompt_offset": 3}, tokenizer, None, "base") == first[3:5]
     with pytest.raises(BenchConfigError, match="prompt_offset=163 \\+ samples=5"):
         load_prompts({**cfg, "prompt_offset": 163}, tokenizer, None, "base")
+
+
+def test_hf_systems_and_our_greedy_run_at_the_faster_thread_count(tmp_path):
+    """The pre-pass times HF greedy at 1 and 2 threads and our greedy in the k2 pipeline (1 thread) and alone at 2;
+    each runs at the faster, recorded in its settings and the pre-pass record; identity holds at both."""
+    overrides = [a for a in TINY if not a.startswith(("systems=", "hf.threads", "greedy_threads", "hierarchies",
+                                                        "system_options"))]  # fmt: skip
+    done = bench(tmp_path, *overrides, "systems=[hf_greedy,greedy]", "hierarchies=[]", "system_options=[]",
+                 "hf.threads=[1,2]", "greedy_threads=[1,2]")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["name"]: r for r in report["systems"]}
+    for name in ("hf_greedy", "greedy"):
+        timed = report["prepass"][f"{name}_threads"]
+        assert [t["threads"] for t in timed] == [1, 2] and all(t["tokens_per_s"] > 0 for t in timed)
+        best = max(timed, key=lambda t: t["tokens_per_s"])["threads"]
+        assert rows[name]["settings"]["threads"] == best
+        assert rows[name]["identical_to_greedy"] == "4/4"
+    assert report["hf_greedy_reference"] == "hf_greedy" and "fastest HF greedy (hf_greedy)" in (tmp_path / "bench.md").read_text()
+
+
+def test_a_compiled_hf_greedy_that_cannot_compile_is_left_out_with_its_reason():
+    from experiments.benchlib.hf import CompileUnavailable
+    from experiments.benchlib.systems import System, Systems
+
+    class NoCompiler:
+        def compile_warmup(self, prompt, max_new):
+            raise CompileUnavailable("CalledProcessError: no C++ compiler")
+
+    systems = Systems.__new__(Systems)
+    systems.hf, systems.skipped, systems.compile_s = NoCompiler(), {}, None
+    built = [System(n, None, list) for n in ("hf_greedy", "hf_compiled", "greedy")]
+    kept = systems.compile_hf(built, [1, 2, 3], 8)
+    assert [s.name for s in kept] == ["hf_greedy", "greedy"]
+    assert systems.skipped == {"hf_compiled": "cannot compile here: CalledProcessError: no C++ compiler"}
+
+
+def test_the_fastest_hf_greedy_is_every_headline_ratios_base():
+    from experiments.benchlib.report import _add_ratios, check_targets
+
+    rows = [{"name": "hf_greedy", "tokens_per_s_median": 10.0}, {"name": "hf_compiled", "tokens_per_s_median": 12.5},
+            {"name": "hf_assisted", "tokens_per_s_median": 8.0}, {"name": "greedy", "tokens_per_s_median": 12.5}]
+    _add_ratios(rows)
+    assert [r["ratio_vs_hf_greedy"] for r in rows] == [0.8, 1.0, 0.64, 1.0]
+    (check,) = check_targets(rows, {"greedy_vs_hf_greedy": 1.0})
+    assert check["value"] == pytest.approx(1.0) and "hf_compiled" in check["label"]

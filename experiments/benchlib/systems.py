@@ -1,9 +1,12 @@
 """The systems the bench compares, on the same target and prompts.
 
-- `hf_greedy`, `hf_assisted`, `hf_prompt_lookup`: Hugging Face `generate` in the driver
-  process (`experiments.benchlib.hf`); the assistant is k2's draft, prompt lookup takes
-  its settings from the prompt-lookup stage of k3 (or k2)
-- `greedy`, `sd` (at the window the pre-pass chose), `pipespec_k2`: our pipeline of k2
+- `hf_greedy`, `hf_compiled`, `hf_assisted`, `hf_prompt_lookup`: Hugging Face `generate` in the
+  driver process (`experiments.benchlib.hf`), each at the faster of `hf.threads` (the pre-pass);
+  `hf_compiled` is HF greedy on transformers' fast path (static cache, compiled decoding), compiled
+  before anything is timed, and left out with its reason where it cannot compile; the assistant is
+  k2's draft, prompt lookup takes its settings from the prompt-lookup stage of k3 (or k2)
+- `greedy`: our k2 target alone, at the faster of `greedy_threads` (a target-only pipeline per other
+  thread count); `sd` (at the window the pre-pass chose), `pipespec_k2`: our pipeline of k2
 - `pipespec_k3`: our pipeline of k3
 - `auto`: our pipeline of `auto.hierarchy` (k3 by default) at the configuration its machine
   profile predicts fastest (`experiments.auto`; greedy and subsets of the stages included);
@@ -119,32 +122,51 @@ class Systems:
         sd = {"strategy": "sd", "lookahead": window, "max_lead": cfg["sd"]["max_lead"], "draft_confidence": confidence}
         self.sd = {name: dict(sd) for name in self.wanted if is_sd(name)}  # per sd system: its pre-pass's choice
         self.assisted = (cfg["hf"].get("assisted") or [None])[0]
+        self.threads: dict[str, int] = {}  # per HF system and our greedy: the thread count its pre-pass chose
+        self.skipped: dict[str, str] = {}  # systems left out, and why (hf_compiled where it cannot compile)
+        self.compile_s: float | None = None
         try:
-            options = dict(strategy="pipespec", lookahead=pipespec["lookahead"], max_lead=pipespec["max_lead"],
-                           stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
-            if {"greedy", "sd", "pipespec_k2"} & set(self.wanted):
-                self.pipes["k2"] = Pipeline(setup.k2.stages, **options)
-            if "pipespec_k3" in self.wanted:
-                self.pipes["k3"] = Pipeline(setup.k3.stages, **options)
-            for name in self.wanted:  # a pipeline of its own per STRATEGY@HIERARCHY system
-                if per_hierarchy(name) is not None:  # its own cascade is checked against its stages here
-                    cascade = self.options_of(name).get("cascade", False) if is_pipespec(name) else False
-                    self.pipes[name] = Pipeline(setup.hierarchy_of(name).stages, **options, cascade=cascade)
-            if "auto" in self.wanted:
-                self.auto_hierarchy = setup.k3 if cfg["auto"]["hierarchy"] == "k3" else setup.k2
-                self.pipes["auto"] = AutoPipeline(self.auto_hierarchy.stages, profile=cfg["auto"].get("profile"),
-                                                  profile_prompts=profile_prompts,
-                                                  stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
-            for pipe in self.pipes.values():
-                pipe.start()
+            self._start_pipelines(Pipeline, AutoPipeline, profile_prompts)
             if set(HF_SYSTEMS) & set(self.wanted):
                 draft = setup.draft if "hf_assisted" in self.wanted else None
                 kernels = cfg["hf"]["kernels"]  # HF generate as a user runs it: torch's, by default
                 self.hf = HFBaseline(*(None if s is None else replace(s, kernels=kernels) for s in (setup.target, draft)),
-                                     cfg["hf"]["threads"])  # fmt: skip
+                                     cfg["hf"]["threads"][0], cfg["hf"]["static_cache_len"])  # fmt: skip
         except BaseException:
             self.close()
             raise
+
+    def _start_pipelines(self, Pipeline, AutoPipeline, profile_prompts) -> None:  # noqa: N803 (the classes)
+        cfg, setup, pipespec = self.cfg, self.setup, self.cfg["pipespec"]
+        options = dict(strategy="pipespec", lookahead=pipespec["lookahead"], max_lead=pipespec["max_lead"],
+                       stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
+        if {"greedy", "sd", "pipespec_k2"} & set(self.wanted):
+            self.pipes["k2"] = Pipeline(setup.k2.stages, **options)
+        if "greedy" in self.wanted:  # our greedy at every thread count the pre-pass times: the target alone
+            for threads in self.greedy_thread_counts()[1:]:
+                self.pipes[f"greedy_t{threads}"] = Pipeline([replace(setup.target, threads=threads)], strategy="greedy",
+                                                            stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
+        if "pipespec_k3" in self.wanted:
+            self.pipes["k3"] = Pipeline(setup.k3.stages, **options)
+        for name in self.wanted:  # a pipeline of its own per STRATEGY@HIERARCHY system
+            if per_hierarchy(name) is not None:  # its own cascade is checked against its stages here
+                cascade = self.options_of(name).get("cascade", False) if is_pipespec(name) else False
+                self.pipes[name] = Pipeline(setup.hierarchy_of(name).stages, **options, cascade=cascade)
+        if "auto" in self.wanted:
+            self.auto_hierarchy = setup.k3 if cfg["auto"]["hierarchy"] == "k3" else setup.k2
+            self.pipes["auto"] = AutoPipeline(self.auto_hierarchy.stages, profile=cfg["auto"].get("profile"),
+                                              profile_prompts=profile_prompts,
+                                              stall_timeout_s=cfg["stall_timeout_s"])  # fmt: skip
+        for pipe in self.pipes.values():
+            pipe.start()
+
+    def greedy_thread_counts(self) -> list[int]:
+        """Our greedy's thread counts to time: the k2 target's own first (it runs in the k2 pipeline)."""
+        own = self.setup.target.threads
+        return [own] + [t for t in self.cfg["greedy_threads"] if t != own]
+
+    def greedy_pipe(self, threads: int):
+        return self.pipes["k2"] if threads == self.setup.target.threads else self.pipes[f"greedy_t{threads}"]
 
     def close(self) -> None:
         for pipe in self.pipes.values():
@@ -165,10 +187,11 @@ class Systems:
         }
 
     def _hf(self, name: str, mode: str, settings: dict, hierarchy: Hierarchy, stages: list) -> System:
-        def run(prompt, n):
+        def run(prompt, n, threads=None):
+            threads = threads or self.threads.get(name)
             if mode == "assisted":
-                return self.hf.generate(prompt, n, mode, assisted=self.assisted)
-            return self.hf.generate(prompt, n, mode, **(settings if mode == "prompt_lookup" else {}))
+                return self.hf.generate(prompt, n, mode, assisted=self.assisted, threads=threads)
+            return self.hf.generate(prompt, n, mode, threads=threads, **(settings if mode == "prompt_lookup" else {}))
 
         return System(name, run, self._driver, settings, hierarchy.label, [s.label for s in stages], "hf")
 
@@ -180,14 +203,21 @@ class Systems:
         pipe = self.pipes[key]
         pipespec = self.options_of(name)
 
-        def run(prompt, n):
+        def run(prompt, n, threads=None):
+            if strategy == "greedy":  # the target alone, at the thread count its pre-pass chose
+                chosen = threads or self.threads.get(name, self.setup.target.threads)
+                return self.greedy_pipe(chosen).generate(prompt, n, strategy="greedy")
             options = self.sd[name] if strategy == "sd" else dict(pipespec, strategy=strategy)
             forget, system.forget_next = system.forget_next, False
             return pipe.generate(prompt, n, forget_outputs=forget, **options)
 
+        def processes():
+            running = self.greedy_pipe(self.threads.get(name, self.setup.target.threads)) if strategy == "greedy" else pipe
+            return list(zip(running.names, running.pids))
+
         settings = {"strategy": "greedy"} if strategy == "greedy" else dict(pipespec) if strategy == "pipespec" else {}
         label = self.setup.hierarchy_of(name).label
-        system = System(name, run, lambda: list(zip(pipe.names, pipe.pids)), settings, label, list(pipe.names))
+        system = System(name, run, processes, settings, label, list(pipe.names))
         return system
 
     def _auto(self) -> System:
@@ -201,6 +231,8 @@ class Systems:
         k2, k3, target = self.setup.k2, self.setup.k3, self.setup.target
         builders = {
             "hf_greedy": lambda: self._hf("hf_greedy", "greedy", {"do_sample": False}, k2, [target]),
+            "hf_compiled": lambda: self._hf("hf_compiled", "compiled", {"do_sample": False, "cache": "static",
+                                                                         "compiled": "decoding"}, k2, [target]),
             "hf_assisted": lambda: self._hf("hf_assisted", "assisted", {}, k2, [self.setup.draft, target]),
             "hf_prompt_lookup": lambda: self._hf("hf_prompt_lookup", "prompt_lookup", self.prompt_lookup_settings(),
                                                  k3 or k2, [self.setup.lookup, target]),  # fmt: skip
@@ -248,7 +280,44 @@ class Systems:
                                    "draft_confidences_tried": list(dict.fromkeys(c for _, c in sd_candidates(self.cfg)))}
             if system.name == "hf_assisted":
                 system.settings = dict(self.assisted)
+        self.choose_threads(systems, prompts, max_new, out)
         return out
+
+    def thread_candidates(self, name: str) -> list[int]:
+        """The thread counts a system's pre-pass times: HF's `hf.threads`, our greedy's `greedy_threads`."""
+        if name == "greedy":
+            return self.greedy_thread_counts()
+        return list(self.cfg["hf"]["threads"]) if name in HF_SYSTEMS else []
+
+    def choose_threads(self, systems: list[System], prompts: list[list[int]], max_new: int, out: dict) -> None:
+        """HF's systems and our greedy at the faster of their thread counts (after their other settings are
+        chosen), timed interleaved on the pre-pass prompts; the choice is in each system's settings."""
+        for system in systems:
+            candidates = self.thread_candidates(system.name)
+            best = 0
+            if len(candidates) > 1:  # one candidate: it runs at that count (the report's machine line says which)
+                best, rates = prepass(f"{system.name} threads", candidates,
+                                      lambda t, p, n: system.run(p, n, threads=t), prompts, max_new)  # fmt: skip
+                out[f"{system.name}_threads"] = [{"threads": t, "tokens_per_s": r} for t, r in zip(candidates, rates)]
+                self.threads[system.name] = candidates[best]
+                system.settings = {**system.settings, "threads": candidates[best]}
+
+    def compile_hf(self, systems: list[System], prompt: list[int], max_new: int) -> list[System]:
+        """Compile hf_compiled's decoding step before anything is timed (its seconds recorded); where this machine
+        cannot compile, the system is left out and `skipped` says why. The systems that go on."""
+        from experiments.benchlib.hf import CompileUnavailable
+
+        if not any(s.name == "hf_compiled" for s in systems):
+            return systems
+        try:
+            self.compile_s = self.hf.compile_warmup(prompt, max_new)
+        except CompileUnavailable as error:
+            self.skipped["hf_compiled"] = f"cannot compile here: {error}"
+            return [s for s in systems if s.name != "hf_compiled"]
+        for system in systems:
+            if system.name == "hf_compiled":
+                system.settings = {**system.settings, "compile_s": round(self.compile_s, 1)}
+        return systems
 
     def processes(self) -> list[dict[str, Any]]:
         """Every process with its lifetime peak resident set."""
