@@ -26,6 +26,9 @@ missing, corrupt or foreign; `analysis.runs` builds its `Run` objects on them.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import gzip
 import json
 import math
@@ -48,6 +51,7 @@ SUMMARY = "summary.json"
 CONFIG = "config.yaml"
 ENV = "env.json"
 TRACES = "traces"
+SUMMARY_LOCK = ".summary.lock"  # held by every writer of summary.json (`summary_lock`)
 RECORD_KEYS = ("sample_id", "index", "output_ids", "output_text", "new_tokens", "time_s", "stages")
 CONFIG_KEYS = ("models", "strategy", "dataset")
 # what summarize_run always writes and the readers (collect, analysis) rely on
@@ -93,6 +97,25 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+# errno of a file system without advisory locks (some cluster mounts): the write goes on unlocked
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+@contextlib.contextmanager
+def summary_lock(run_dir: Path) -> Iterator[None]:
+    """The run's summary lock (an exclusive `flock` on `SUMMARY_LOCK` in the run directory), held while
+    summary.json is written or read, updated and rewritten: jobs of one sweep that finish at once (a run
+    and the greedy sibling that refreshes it) never lose each other's update. Readers need no lock:
+    every write is atomic."""
+    with open(Path(run_dir) / SUMMARY_LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in _NO_LOCKS:
+                raise
+        yield  # closing the file releases the lock
 
 
 # ---- reading a run directory ----------------------------------------------------
@@ -213,7 +236,8 @@ class RunStore:
         self.records.append(record)
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
-        atomic_write_json(self.run_dir / SUMMARY, dict(summary))
+        with summary_lock(self.run_dir):
+            atomic_write_json(self.run_dir / SUMMARY, dict(summary))
 
 
 def read_trace(run_dir: Path, index: int) -> dict:
@@ -424,7 +448,8 @@ def pick_reference(run_dir: Path, config: Mapping[str, Any], candidates: Iterabl
 
 
 def find_greedy_reference(run_dir: Path, config: Mapping[str, Any], reference_run: str | None) -> Path | None:
-    """`reference_run` if given (checked to match), else a matching greedy sibling in the same multirun."""
+    """`reference_run` if given (checked to match), else a matching finished greedy sibling in the same
+    multirun (one with its summary.json: a sibling still running is not a reference yet)."""
     run_dir = Path(run_dir)
     if reference_run:
         reference = Path(reference_run)
@@ -438,8 +463,14 @@ def find_greedy_reference(run_dir: Path, config: Mapping[str, Any], reference_ru
         return reference
     if is_greedy_reference(config):
         return None
-    found = pick_reference(run_dir, config, _readable_configs(sorted(run_dir.parent.iterdir(), key=_natural_key)))
+    found = pick_reference(run_dir, config, _readable_configs(_finished_siblings(run_dir)))
     return found[0] if found else None
+
+
+def _finished_siblings(run_dir: Path) -> list[Path]:
+    """The other finished runs (holding summary.json) in the directory of `run_dir`, in natural order."""
+    run_dir = Path(run_dir)
+    return [d for d in sorted(run_dir.parent.iterdir(), key=_natural_key) if d != run_dir and is_run_dir(d)]
 
 
 def _readable_configs(directories: Iterable[Path]) -> Iterator[tuple[Path, dict]]:
@@ -552,19 +583,42 @@ def classify_identity(
 
 
 def refresh_reference(run_dir: Path, reference_run: str | None = None) -> dict | None:
-    """Fill summary.json's identical_to_greedy, identity and speedup_vs_greedy from its greedy reference."""
+    """Fill summary.json's identical_to_greedy, identity and speedup_vs_greedy from its greedy reference.
+
+    The reference is `reference_run`, else the run's own `run.reference_run` option, else the preferred
+    finished greedy sibling (`pick_reference`), chosen anew on every call. A greedy run without an explicit
+    reference refreshes instead its finished comparable siblings: a greedy run that finishes after them
+    (jobs of a sweep run in any order on a cluster) still ends up as their reference. Returns the run's
+    summary."""
     run_dir = Path(run_dir)
-    summary, config = read_summary(run_dir), read_config(run_dir)
-    reference = find_greedy_reference(run_dir, config, reference_run or summary.get("reference_run"))
-    if reference is None:
+    config = read_config(run_dir)
+    explicit = reference_run or (config.get("run") or {}).get("reference_run")
+    if explicit or not is_greedy_reference(config):
+        return _refresh_one(run_dir, explicit)
+    key = target_key(config)
+    for sibling, sibling_config in _readable_configs(_finished_siblings(run_dir)):
+        if not is_greedy_reference(sibling_config) and target_key(sibling_config) == key:
+            try:
+                refresh_reference(sibling)
+            except ResultsError:
+                continue  # a broken sibling is reported when it is collected, not by this run
+    return read_summary(run_dir)
+
+
+def _refresh_one(run_dir: Path, reference_run: str | None) -> dict:
+    """refresh_reference of one run: read, compare and rewrite its summary under its summary lock."""
+    with summary_lock(run_dir):
+        summary, config = read_summary(run_dir), read_config(run_dir)
+        reference = find_greedy_reference(run_dir, config, reference_run)
+        if reference is None:
+            return summary
+        records, _ = read_records(run_dir)
+        reference_records, _ = read_records(reference)
+        summary.update(compare_with_reference(records, reference_records))
+        summary["identity"] = classify_identity(records, reference_records, run_near_tie_threshold(config))
+        if (config.get("sampling") or {}).get("temperature", 0):
+            summary["identical_to_greedy"] = None  # sampled outputs are equal in distribution, not token by token
+            summary["identity"] = None
+        summary["reference_run"] = str(reference)
+        atomic_write_json(run_dir / SUMMARY, summary)
         return summary
-    records, _ = read_records(run_dir)
-    reference_records, _ = read_records(reference)
-    summary.update(compare_with_reference(records, reference_records))
-    summary["identity"] = classify_identity(records, reference_records, run_near_tie_threshold(config))
-    if (config.get("sampling") or {}).get("temperature", 0):
-        summary["identical_to_greedy"] = None  # sampled outputs are equal in distribution, not token by token
-        summary["identity"] = None
-    summary["reference_run"] = str(reference)
-    atomic_write_json(run_dir / SUMMARY, summary)
-    return summary

@@ -14,7 +14,7 @@ subset of the stages that keeps the target).
 Without a profile, a short one (`experiments.profiling.SHORT_OPTIONS`, about a minute for SmolLM2) is
 measured once on the first prompts of the run's dataset (the API: the prompts given, else the first
 HumanEval problems) and cached per machine, hierarchy and prompts under
-`experiments.prepare.cache_root() / "profiles"`: acceptance differs between datasets, so a news run never
+`pipespec.cache.cache_root() / "profiles"`: acceptance differs between datasets, so a news run never
 takes the profile of a code run.
 A profile measured on another machine, hierarchy or library version is a `ConfigError` naming what
 differs. When nothing is predicted to beat greedy, the choice is greedy, and the reason says so.
@@ -117,7 +117,7 @@ def cached_profile_path(specs: Sequence[StageSpec], hierarchy: str, dataset: str
                         prompts: Sequence[tuple[str, list[int]]]) -> Path:  # fmt: skip
     """Where the short profile of this hierarchy on this machine (CPU, library versions, stages), measured on
     these prompts of `dataset` with `SHORT_OPTIONS`, is cached."""
-    from experiments.prepare import cache_root
+    from pipespec.cache import cache_root
 
     return cache_root() / "profiles" / f"{_safe(hierarchy)}-{_safe(dataset)}-{_profile_key(specs, prompts)}.json"
 

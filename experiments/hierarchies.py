@@ -28,7 +28,7 @@ def available() -> list[str]:
 
 def tiny_model_dir(name: str) -> Path:
     """Directory of a `tiny:NAME` model, building the tiny hierarchy atomically on first use."""
-    from experiments.prepare import cache_root
+    from pipespec.cache import cache_root
 
     names = {"target": "target"}
     names.update({f"draft_noise{noise}": f"draft{i}_noise{noise}" for i, noise in enumerate(TINY_DRAFT_NOISE)})
@@ -42,8 +42,11 @@ def tiny_model_dir(name: str) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root.parent))
         try:
             build_tiny_hierarchy(staging, TINY_DRAFT_NOISE, seed=0)
-            if not root.exists():
+            try:
                 os.replace(staging, root)  # readers never see a half-built directory
+            except OSError:  # another process built it first (the same seed: the same models)
+                if not (root / "target" / "config.json").exists():
+                    raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return root / names[name]
