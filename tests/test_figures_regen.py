@@ -15,6 +15,10 @@ import pytest
 
 from analysis import figures
 
+# the official logs' predictions are remembered per process (analysis.evaluate): the tests that need them share
+# one xdist worker (scripts/test.sh runs --dist loadgroup) and compute them once
+pytestmark = pytest.mark.xdist_group("official_logs")
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = REPO_ROOT / "paper_figures"
 OFFICIAL = figures.DEFAULT_OFFICIAL

@@ -191,6 +191,7 @@ def greedy_70b():
     return official.load_log(OFFICIAL_DIR / "greedy_Meta-Llama-3.1-70B-Instruct.json")
 
 
+@pytest.mark.xdist_group("official_logs")  # the published logs' predictions, computed once per worker
 @needs_official
 @pytest.mark.parametrize("file,strategy", TABLE2_70B)
 def test_simulator_reproduces_published_70b_ms_per_token(greedy_70b, file, strategy):
@@ -204,6 +205,7 @@ def test_simulator_reproduces_published_70b_ms_per_token(greedy_70b, file, strat
         assert all(0.85 < a < 0.99 for a in prediction.alphas)
 
 
+@pytest.mark.xdist_group("official_logs")
 @needs_official
 def test_calibrated_alpha_agrees_with_the_synchronous_logs_censored_mle(greedy_70b):
     # the async log never recorded offered drafts; its calibrated alpha must match the
