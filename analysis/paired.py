@@ -166,11 +166,11 @@ def speed_factor(steps: Mapping[str, Sequence], step_s: Sequence[float], skip_fi
     starts, ends, fed = steps["t_start"], steps["t_end"], steps["fed"]
     rows = range(1 if skip_first else 0, len(fed))
     measured = sum(ends[i] - starts[i] for i in rows)
-    predicted = sum(_step_cost(step_s, int(fed[i])) for i in rows)
+    predicted = sum(profile_step_cost(step_s, int(fed[i])) for i in rows)
     return measured / predicted if predicted > 0 else None
 
 
-def _step_cost(step_s: Sequence[float], n: int) -> float:
+def profile_step_cost(step_s: Sequence[float], n: int) -> float:
     if n <= len(step_s):
         return float(step_s[max(n, 1) - 1])
     slope = step_s[-1] - step_s[-2] if len(step_s) > 1 else 0.0

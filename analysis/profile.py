@@ -63,6 +63,33 @@ class PairProfile:
     # per continuation, per position: how many drafts in a row the drafter got right from there
     # (`experiments.profiling.model_runs` / `proposal_runs`); empty in profiles measured before 2026-12-02
     runs: tuple[tuple[int, ...], ...] = ()
+    # the standard error of each position's rate from the prompt-to-prompt spread (`acceptance_standard_errors`);
+    # None where fewer than two continuations reached the position, () without runs
+    acceptance_se_by_position: tuple[float | None, ...] = ()
+
+    # a model-free drafter's token trees, one entry per tree size measured (`experiments.profiling.tree_runs`);
+    # empty in profiles measured without them
+    tree_runs: tuple["TreeRuns", ...] = ()
+
+    @property
+    def continuations(self) -> int:
+        """How many continuations (one per profile prompt) the acceptance was measured along."""
+        return len(self.runs)
+
+    def tree(self, tree_nodes: int) -> "TreeRuns | None":
+        """The measurement of the drafter's trees of `tree_nodes` nodes (None: not measured)."""
+        return next((t for t in self.tree_runs if t.tree_nodes == tree_nodes), None)
+
+
+@dataclass(frozen=True)
+class TreeRuns:
+    """A model-free drafter's token trees of up to `tree_nodes` nodes along the verifier's continuations:
+    per continuation, per position, how deep the branch along the continuation goes (`runs`: the drafts a
+    tree verification keeps there) and how many nodes the tree holds (`nodes`)."""
+
+    tree_nodes: int
+    runs: tuple[tuple[int, ...], ...]
+    nodes: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -137,12 +164,97 @@ def _pair(data: Any, i: int) -> PairProfile:
         isinstance(along, list) and along and all(type(r) is int and r >= 0 for r in along) for along in runs
     ):  # fmt: skip
         raise ProfileError(f"{where}.runs must be a list of non-empty lists of counts >= 0")
+    proposed = data.get("proposed")
+    if proposed is not None and not (isinstance(proposed, list) and len(proposed) == len(runs) and all(
+        isinstance(p, list) and len(p) == len(r) and all(type(n) is int and n >= 0 for n in p)
+        for p, r in zip(proposed, runs)
+    )):  # fmt: skip
+        raise ProfileError(f"{where}.proposed must be null or one list of proposal lengths per continuation, "
+                           "as long as its runs")  # fmt: skip
     return PairProfile(
         str(data.get("drafter")), str(data.get("verifier")), clean,
         _number(data.get("proposal_rate"), f"{where}.proposal_rate"),
         _number(data.get("mean_proposal_length"), f"{where}.mean_proposal_length"),
         tuple(tuple(along) for along in runs),
+        acceptance_standard_errors(runs, proposed, len(clean)) if runs else (),
+        tree_runs=_tree_runs(data, where),
     )  # fmt: skip
+
+
+# ---- acceptance along the decoding walk ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WalkCounts:
+    """What the decoding walk along one continuation met: per draft position, drafts offered there (every
+    earlier one accepted) and accepted; the starts (where decoding drafts again), how many of them had a
+    proposal, and the proposals' summed length."""
+
+    offered: tuple[int, ...]
+    accepted: tuple[int, ...]
+    starts: int
+    proposals: int
+    proposed_tokens: int
+
+
+def walk_counts(along: Sequence[int], proposed: Sequence[int] | None, draft_k: int) -> WalkCounts:
+    """The decoding walk along one continuation, from its per-position runs (`along[j]`: drafts in a row the
+    drafter gets right from position j; `proposed[j]`: how many it proposed there, None: always `draft_k`).
+    Drafts start where decoding would draft again: after the accepted prefix and the verifier's own token
+    (the correction, or the bonus token), or one token on when the drafter had nothing."""
+    offered, accepted = [0] * draft_k, [0] * draft_k
+    starts = proposals = tokens = start = 0
+    while start < len(along) - 1:
+        k = min(draft_k, len(along) - start)
+        k = k if proposed is None else min(k, proposed[start])
+        run = min(along[start], k)
+        starts, proposals, tokens = starts + 1, proposals + (k > 0), tokens + k
+        for p in range(min(k, run + 1)):
+            offered[p] += 1
+            accepted[p] += p < run
+        start += run + 1
+    return WalkCounts(tuple(offered), tuple(accepted), starts, proposals, tokens)
+
+
+def acceptance_standard_errors(runs: Sequence[Sequence[int]], proposed: Sequence[Sequence[int]] | None,
+                               draft_k: int) -> tuple[float | None, ...]:  # fmt: skip
+    """Per draft position, the standard error of its acceptance rate (accepted / offered, pooled over the
+    continuations) from the prompt-to-prompt spread: the ratio estimator's cluster (delta-method) standard
+    error, one cluster per continuation, sqrt(C / (C - 1) * sum_c (a_c - r o_c)^2) / sum_c o_c over the C
+    continuations that offered a draft there; None where fewer than two did."""
+    walks = [walk_counts(along, None if proposed is None else proposed[c], draft_k) for c, along in enumerate(runs)]
+    errors: list[float | None] = []
+    for p in range(draft_k):
+        cells = [(w.offered[p], w.accepted[p]) for w in walks if w.offered[p]]
+        offered = sum(o for o, _ in cells)
+        if len(cells) < 2:
+            errors.append(None)
+            continue
+        rate = sum(a for _, a in cells) / offered
+        spread = sum((a - rate * o) ** 2 for o, a in cells) * len(cells) / (len(cells) - 1)
+        errors.append(math.sqrt(spread) / offered)
+    return tuple(errors)
+
+
+def _tree_runs(data: Any, where: str) -> tuple[TreeRuns, ...]:
+    """A pair's optional `tree_runs`: [{"tree_nodes": N, "runs": [[...]], "nodes": [[...]]}, ...]."""
+    entries = data.get("tree_runs") or []
+    if not isinstance(entries, list):
+        raise ProfileError(f"{where}.tree_runs must be a list")
+    found = []
+    for i, entry in enumerate(entries):
+        size = entry.get("tree_nodes") if isinstance(entry, dict) else None
+        runs, nodes = (entry.get(k) if isinstance(entry, dict) else None for k in ("runs", "nodes"))
+        lists = isinstance(runs, list) and isinstance(nodes, list) and runs and len(runs) == len(nodes)
+        if not (type(size) is int and size >= 1 and lists and all(
+            isinstance(r, list) and isinstance(n, list) and r and len(r) == len(n)
+            and all(type(a) is int and type(b) is int and 0 <= a <= b for a, b in zip(r, n))
+            for r, n in zip(runs, nodes)
+        )):  # fmt: skip
+            raise ProfileError(f"{where}.tree_runs[{i}] needs tree_nodes >= 1 and, per continuation, runs and "
+                               "nodes of the same length with 0 <= run <= nodes")  # fmt: skip
+        found.append(TreeRuns(size, tuple(map(tuple, runs)), tuple(map(tuple, nodes))))
+    return tuple(found)
 
 
 def parse_profile(data: Any, path: str = "<profile>") -> Profile:
@@ -261,6 +373,16 @@ def _stage_mismatches(profile: Profile, stages: Sequence[dict]) -> list[str]:
     return found
 
 
+def format_rates(pair: PairProfile) -> str:
+    """'0.81+-0.04 0.77+-0.06 ... (standard errors over 10 prompts)': each position's rate and its
+    standard error where the profile has one."""
+    errors = pair.acceptance_se_by_position or (None,) * len(pair.acceptance_by_position)
+    rates = " ".join(f"{r:.2f}" + ("" if e is None else f"+-{e:.2f}")
+                     for r, e in zip(pair.acceptance_by_position, errors))  # fmt: skip
+    known = any(e is not None for e in errors)
+    return rates + (f" (standard errors over {pair.continuations} prompts)" if known else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
@@ -284,8 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {stage.name}: t(1) {1000 * stage.step_s_alone[0]:.2f} ms, t(n) = {1000 * fit.fixed:.2f} + "
               f"{1000 * fit.per_token:.3f} n ms, contention {fit.contention:.2f} per other stage")  # fmt: skip
     for pair in profile.pairs + tuple(p for _, _, p in profile.skip_pairs):
-        rates = " ".join(f"{r:.2f}" for r in pair.acceptance_by_position)
-        print(f"  {pair.drafter} -> {pair.verifier}: acceptance by position {rates}; proposes "
+        print(f"  {pair.drafter} -> {pair.verifier}: acceptance by position {format_rates(pair)}; proposes "
               f"{pair.proposal_rate:.0%} of the time, {pair.mean_proposal_length:.1f} tokens")  # fmt: skip
     return 0
 

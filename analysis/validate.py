@@ -1,14 +1,40 @@
-"""Measured against predicted: a machine profile's predictions checked on run directories (no torch).
+"""Measured against predicted: a machine profile's predictions checked on measurements (no torch).
 
-    python -m analysis.validate PROFILE RUN_DIRS... [--json]
+    python -m analysis.validate PROFILE SWEEP_DIR [--json]          # a paired sweep (python -m experiments.sweep)
+    python -m analysis.validate PROFILE RUN_DIRS... [--json]        # sequential runs (no pairing)
     python -m analysis.validate PROFILE RUN_DIRS... --costs     # the profile's t(n) beside the runs' own
     python -m analysis.validate PROFILE RUN_DIRS... --greedy-speed   # costs at the greedy run's speed
     python -m analysis.validate PROFILE RUN_DIRS... --repeats   # identical runs: their spread, the floor
-    python -m analysis.validate --summary VALIDATION_JSON...    # held-out figures over several reports
+    python -m analysis.validate --summary VALIDATION_JSON...    # the figures over several --json reports
 
-For each run (`analysis.runs`), the configuration it ran (strategy, lookahead, max_lead, the stages it
-used, its mean new tokens per sample) is predicted from the profile (`analysis.predict.predict_profile`,
-and the paper's model beside it) and set against the run's measured tokens/s. error = predicted / measured - 1.
+**A paired sweep** (one directory of `experiments.sweep`: greedy and every configuration of one hierarchy in
+the same prompt slots, `analysis.paired`) is checked on what it can measure, each configuration predicted
+from the profile (`predict_run`) at its mean new tokens and prompt tokens:
+
+- the speedup over greedy: measured, the paired geometric-mean speedup with its 95% intervals over
+  repetitions and over prompts; ours, predict_profile(configuration) / predict_profile(greedy), with the
+  prediction's 95% interval over the profile's prompts (`Prediction.tokens_per_s_interval`); the paper's;
+- the timing-free counts (`CountCheck`): per verifier its mean acceptance length (bonus included), the
+  target's steps per generated token and verification fraction, measured from the runs' pooled stage
+  statistics (`analysis.rundir.stage_stats`), predicted from the `Prediction` and by the paper's model;
+- tokens/s at the machine's speed during the sweep, a decomposition: the prediction over the greedy runs'
+  median speed factor (`analysis.paired.speed_factor`: their target's step seconds over the profile's t(n));
+  what the counts leave of its error is the schedule's (target steps per second);
+- the ranking (`Ranking`): Spearman between predicted and measured speedups, and the regret of the top pick
+  (1 - its measured speedup / the best measured);
+
+each beside the sweep's own noise floor (`sweep_figures`): half the repetitions interval of each speedup,
+each count's and tokens/s' spread over the repetitions (`repetition_spread`), the regret among the
+configurations the sweep does not tell apart from the best (`regret_floor`), and 1 - the Spearman between
+repetitions (`repetition_agreement`), with the targets (`TARGETS`) and the ones whose floor is above a third
+of the target: those the sweep cannot show. A sweep whose prompts the profile measured acceptance on
+(same dataset, a shared sample id) is in-sample: said so and labelled a decomposition. A sweep without
+traces, without greedy pairs, or of another hierarchy than the profile's is one `error:` line (exit 2).
+
+**Sequential runs (no pairing)**, measured one after another: for each run (`analysis.runs`), the
+configuration it ran is predicted and set against the run's measured tokens/s, error = predicted /
+measured - 1. On a shared machine identical runs minutes apart differ by a third, so these absolute
+figures mostly measure the machine's drift.
 
 A run whose samples overlap the profile's (same dataset, a shared sample id) is in-sample: the profile
 saw its prompts. It is reported on its own and never enters the held-out summary (median and largest
@@ -33,23 +59,33 @@ largest |error| below it on those runs (the best one, 2 max min / (max + min), i
 both ends).
 
 `--summary` reads `--json` reports (of one profile each) and prints the figures over all their records
-together, held-out and in-sample apart: median and largest |error| per model, how many within 10% and 20%.
+together, held-out and in-sample apart: for sweeps the targets table over their configurations pooled
+(the ranking: the worst sweep's), for sequential runs median and largest |error| per model, how many
+within 10% and 20%.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import statistics
 import sys
 from dataclasses import MISSING, asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
-from analysis.predict import predict_profile
+import numpy as np
+
+from analysis.paired import (PairedSpeedup, Sample, log_ratios, overlapping, paired_speedups, speed_factor,
+                             sweep_samples)  # fmt: skip
+from analysis.predict import Prediction, paper_profile_counts, predict_profile
 from analysis.profile import Profile, ProfileError, load_profile, mismatches
-from analysis.runs import ResultsError, Run, find_runs
+from analysis.rundir import CONFIG, is_run_dir, read_config, stage_stats
+from analysis.runs import ResultsError, Run, find_runs, load_run
 from pipespec.errors import ConfigError
 from pipespec.schedule import DEFAULT_MAX_LEAD
+from pipespec.stats import pool, ratio
 
 
 @dataclass(frozen=True)
@@ -88,7 +124,8 @@ def in_sample(profile: Profile, run: Run) -> bool:
     """The run's prompts overlap the profile's: same dataset and a shared sample id."""
     if profile.dataset is not None and run.dataset != profile.dataset:
         return False
-    return bool({str(s["sample_id"]) for s in run.samples} & set(profile.sample_ids))
+    prompts = {str((s.get("slot") or {}).get("prompt", s["sample_id"])) for s in run.samples}  # a sweep's: ID@rN
+    return bool(prompts & set(profile.sample_ids))
 
 
 def run_warnings(profile: Profile, run: Run) -> list[str]:
@@ -115,10 +152,9 @@ def why_not(run: Run) -> str | None:
     return None
 
 
-def validate_run(profile: Profile, run: Run) -> Validation:
-    problem = why_not(run)
-    if problem:
-        raise ConfigError(f"{run.path}: cannot be predicted: {problem}")
+def predict_run(profile: Profile, run: Run) -> Prediction:
+    """The profile's prediction of the configuration a run ran (strategy, lookahead, max_lead, its stages),
+    at its mean new tokens and prompt tokens per sample."""
     stages = run_stages(profile, run)
     if stages is None and run.strategy != "greedy":
         raise ConfigError(f"{run.path}: its stages {run.stage_names} are not all in the profile "
@@ -126,9 +162,16 @@ def validate_run(profile: Profile, run: Run) -> Validation:
     tokens = max(round(run.summary["new_tokens"] / max(run.n_samples, 1)), 1)
     prompt = round(statistics.mean(int(r.get("prompt_tokens") or 0) for r in run.samples)) if run.samples else 0
     max_lead = run.max_lead if run.max_lead is not None else DEFAULT_MAX_LEAD
-    prediction = predict_profile(profile, run.strategy, run.lookahead, max_lead, tokens,
-                                 stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt,
-                                 size_verification=bool(run.summary.get("size_verification", False)))  # fmt: skip
+    return predict_profile(profile, run.strategy, run.lookahead, max_lead, tokens,
+                           stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt,
+                           size_verification=bool(run.summary.get("size_verification", False)))  # fmt: skip
+
+
+def validate_run(profile: Profile, run: Run) -> Validation:
+    problem = why_not(run)
+    if problem:
+        raise ConfigError(f"{run.path}: cannot be predicted: {problem}")
+    prediction = predict_run(profile, run)
     measured = run.tokens_per_s
     return Validation(
         run=str(run.path), strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
@@ -168,8 +211,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
 
 
+SEQUENTIAL = "sequential runs (no pairing): each run's absolute tokens/s against the prediction"
+
+
 def format_report(records: Sequence[Validation]) -> str:
-    lines = []
+    lines = [SEQUENTIAL] if records else []
     for title, subset in (("held-out runs", [r for r in records if not r.in_sample]),
                           ("in-sample runs (the profile saw their prompts, or its costs took a greedy run's speed)",
                            [r for r in records if r.in_sample])):
@@ -246,12 +292,12 @@ def format_repeats(records: Sequence[Validation]) -> str:
     return "\n".join(lines)
 
 
-def read_reports(paths: Sequence[str]) -> list[Validation]:
-    """The records of `--json` reports."""
+def read_reports(paths: Sequence[str]) -> tuple[list[Validation], list[SweepReport]]:
+    """The records of `--json` reports of sequential runs (a list), and the reports of sweeps (an object)."""
     fields = set(Validation.__dataclass_fields__)
     required = {name for name, f in Validation.__dataclass_fields__.items()
                 if f.default is MISSING and f.default_factory is MISSING}  # fmt: skip
-    records = []
+    records, sweeps = [], []
     for path in paths:
         try:
             raw = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -259,14 +305,20 @@ def read_reports(paths: Sequence[str]) -> list[Validation]:
             raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path}: not JSON ({error.msg}, line {error.lineno})") from None
+        if isinstance(raw, dict) and raw.get("format") == SWEEP_FORMAT:
+            sweeps.append(read_sweep_report(raw, path))
+            continue
         if not isinstance(raw, list) or not all(isinstance(r, dict) and required <= set(r) for r in raw):
             raise ConfigError(f"{path}: not a validation report (python -m analysis.validate ... --json)")
         records += [Validation(**{k: v for k, v in r.items() if k in fields}) for r in raw]
-    return records
+    return records, sweeps
 
 
-def format_summary(records: Sequence[Validation], paths: Sequence[str]) -> str:
-    lines = []
+def format_summary(records: Sequence[Validation], paths: Sequence[str],
+                   sweeps: Sequence[SweepReport] = ()) -> str:  # fmt: skip
+    lines = format_sweep_summary(sweeps)
+    if records:
+        lines.append(SEQUENTIAL)
     for title, subset in (("held-out runs", [r for r in records if not r.in_sample]),
                           ("in-sample runs (a decomposition, not a prediction)", [r for r in records if r.in_sample])):
         if subset:
@@ -325,41 +377,680 @@ def format_costs(profile: Profile, runs: Sequence[Run]) -> str:
     return "\n".join(lines)
 
 
+# ==== paired sweeps =====================================================================================
+#
+# `python -m experiments.sweep` runs greedy and every configuration of one hierarchy in the same prompt slots
+# (prompt, repetition), seconds apart: a configuration's speedup over greedy is a paired ratio that the
+# machine's drift over minutes cannot bend (`analysis.paired`). A sweep is checked on what it can measure:
+# the speedup (and its intervals), the timing-free counts, tokens/s at the machine's speed during the sweep
+# (a decomposition), and the ranking; each beside the sweep's own noise floor.
+
+SWEEP_FORMAT = "pipespec-sweep-validation"
+REFERENCE = "greedy"  # every pair's reference (`experiments.sweep`)
+ACCEPTANCE, STEPS, VERIFY = "mean acceptance length", "target steps per token", "verification fraction"
+# what a held-out sweep must show: a largest value (|error|, regret), for spearman a least one
+TARGETS = {"speedup_median": 0.06, "speedup_max": 0.15, "counts_median": 0.06, "counts_max": 0.15, "regret": 0.03,
+           "spearman": 0.8}  # fmt: skip
+SHOWN_BELOW = 1 / 3  # a sweep can show a target only where its floor is below this share of the target
+
+
+@dataclass(frozen=True)
+class SweepRuns:
+    """A paired sweep as read: per configuration (its folder name) its run, and the sweep's samples and
+    paired speedups against greedy."""
+
+    path: Path
+    runs: dict[str, Run]
+    samples: tuple[Sample, ...]
+    speedups: dict[str, PairedSpeedup]
+
+
+@dataclass(frozen=True)
+class CountCheck:
+    """One timing-free count of a configuration: measured (pooled stage statistics), ours, the paper's."""
+
+    figure: str  # ACCEPTANCE (per verifier), STEPS or VERIFY (the target's)
+    stage: str  # the verifier it is of
+    measured: float | None
+    predicted: float | None
+    paper: float | None
+    error: float | None  # predicted / measured - 1 (None where either is missing, or measured is 0)
+    paper_error: float | None
+    floor: float | None  # its spread over the sweep's repetitions (`repetition_spread`)
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """One configuration of a sweep against its prediction from the profile."""
+
+    configuration: str
+    strategy: str
+    lookahead: int
+    max_lead: int | None
+    stages: tuple[str, ...]
+    prompts: int
+    repetitions: int
+    measured_speedup: float  # geometric-mean paired speedup over greedy
+    measurement_interval: tuple[float, float]  # 95%, repetitions resampled within prompts
+    sampling_interval: tuple[float, float]  # 95%, prompts resampled
+    predicted_speedup: float  # ours: predict_profile(configuration) / predict_profile(greedy)
+    predicted_interval: tuple[float, float] | None  # 95% over the profile's prompts
+    paper_speedup: float
+    speedup_error: float
+    paper_speedup_error: float
+    counts: tuple[CountCheck, ...]
+    measured_tokens_per_s: float  # pooled over the run's samples
+    predicted_tokens_per_s: float  # at the profile's speed
+    paper_predicted_tokens_per_s: float
+    machine_speed: float  # the greedy runs' median speed factor: the machine's speed during the sweep
+    own_speed: float | None  # this run's median speed factor (its target's steps, contention included)
+    at_speed_error: float  # predicted / machine_speed / measured - 1 (a decomposition)
+    paper_at_speed_error: float
+    schedule_error: float | None  # what the counts leave of at_speed_error: seconds per target step
+    speedup_floor: float | None  # the measurement interval's relative half-width
+    tokens_per_s_floor: float | None  # spread of the run's tokens/s over the repetitions
+
+    @property
+    def is_reference(self) -> bool:
+        return self.configuration == REFERENCE
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How a model orders a sweep's configurations: Spearman against the measured speedups, and its top pick."""
+
+    spearman: float | None  # None with fewer than three configurations
+    top_pick: str
+    top_pick_measured: float
+    regret: float  # 1 - the top pick's measured speedup / the best measured
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    profile: str
+    sweep: str
+    prompts: tuple[str, ...]
+    seen: tuple[str, ...]  # the sweep's prompts that the profile measured acceptance on
+    records: tuple[SweepRecord, ...]
+    ours: Ranking
+    paper: Ranking
+    measured_best: str
+    repetition_spearman: float | None  # `repetition_agreement`
+    regret_floor: float | None  # `regret_floor`
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def in_sample(self) -> bool:
+        return bool(self.seen)
+
+
+# ---- statistics on hand-made numbers ------------------------------------------------------------------
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    """predicted / measured - 1; None where either is missing or measured is 0 (0 where both are)."""
+    if predicted is None or measured is None or not (math.isfinite(predicted) and math.isfinite(measured)):
+        return None
+    if measured == 0:
+        return 0.0 if predicted == 0 else None
+    return predicted / measured - 1
+
+
+def repetition_spread(values: Sequence[float | None]) -> float | None:
+    """(max - min) / (max + min) of one figure over a sweep's repetitions: no single prediction has a smaller
+    largest |error| against them; None with fewer than two values."""
+    values = [v for v in values if v is not None]
+    if len(values) < 2 or max(values) + min(values) <= 0:
+        return None
+    return (max(values) - min(values)) / (max(values) + min(values))
+
+
+def relative_half_width(interval: Sequence[float], center: float) -> float:
+    """Half an interval's width over its center: the relative error the measurement cannot rule out."""
+    return (interval[1] - interval[0]) / (2 * center)
+
+
+def average_ranks(values: Sequence[float]) -> list[float]:
+    """Ranks 1..n, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    first = 0
+    while first < len(order):
+        last = first
+        while last + 1 < len(order) and values[order[last + 1]] == values[order[first]]:
+            last += 1
+        for position in range(first, last + 1):
+            ranks[order[position]] = (first + last) / 2 + 1
+        first = last + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's on average ranks); None for fewer than three pairs or a
+    constant side."""
+    if len(x) != len(y):
+        raise ValueError("spearman needs two sequences of one length")
+    if len(x) < 3:
+        return None
+    rx, ry = np.asarray(average_ranks(x)), np.asarray(average_ranks(y))
+    dx, dy = rx - rx.mean(), ry - ry.mean()
+    norm = math.sqrt(float(dx @ dx) * float(dy @ dy))
+    return float(dx @ dy) / norm if norm else None
+
+
+def top_pick(predicted: Mapping[str, float], measured: Mapping[str, float]) -> tuple[str, float, float]:
+    """The configuration predicted fastest (the first of ties), its measured speedup and its regret: 1 - that
+    over the best measured."""
+    pick = max(predicted, key=lambda name: (predicted[name], -list(predicted).index(name)))
+    return pick, measured[pick], 1 - measured[pick] / max(measured.values())
+
+
+def ranking(predicted: Mapping[str, float], measured: Mapping[str, float]) -> Ranking:
+    names = list(predicted)
+    pick, pick_measured, regret = top_pick(predicted, measured)
+    return Ranking(spearman([predicted[n] for n in names], [measured[n] for n in names]), pick, pick_measured, regret)
+
+
+def regret_floor(speedups: Sequence[PairedSpeedup]) -> float | None:
+    """The regret noise alone can give: the largest 1 - speedup / the best's over the configurations whose
+    measurement interval overlaps the best's (`analysis.paired.overlapping`: the sweep does not tell them
+    apart); 0 where none does; None with one repetition (no interval)."""
+    if not speedups or max(s.repetitions for s in speedups) < 2:
+        return None
+    best = max(speedups, key=lambda s: s.speedup)
+    return max([1 - s.speedup / best.speedup for s in speedups if overlapping(s, best)], default=0.0)
+
+
+def repetition_speedups(samples: Sequence[Sample], repetition: int) -> dict[str, float]:
+    """Each configuration's paired speedup over greedy within one repetition (geometric mean over prompts)."""
+    ratios = log_ratios([s for s in samples if s.repetition == repetition], REFERENCE)
+    return {name: math.exp(statistics.mean(statistics.mean(v) for v in by_prompt.values()))
+            for name, by_prompt in ratios.items()}  # fmt: skip
+
+
+def repetition_agreement(samples: Sequence[Sample], names: Sequence[str]) -> float | None:
+    """The median Spearman correlation between the measured speedups of `names` in two repetitions (over every
+    pair of repetitions): how well the sweep ranks its own configurations again. None with one repetition or
+    fewer than three configurations measured in both."""
+    by_repetition = [repetition_speedups(samples, r) for r in sorted({s.repetition for s in samples})]
+    found = []
+    for a, b in itertools.combinations(by_repetition, 2):
+        shared = [n for n in names if n in a and n in b]
+        rho = spearman([a[n] for n in shared], [b[n] for n in shared])
+        if rho is not None:
+            found.append(rho)
+    return statistics.median(found) if found else None
+
+
+# ---- reading and checking a sweep -----------------------------------------------------------------------
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    """A paired sweep's directory (`experiments.sweep`): not a run directory itself, holding run directories
+    whose config names the sweep they belong to."""
+    path = Path(path)
+    if not path.is_dir() or is_run_dir(path) or (path / CONFIG).is_file():
+        return False
+    for child in sorted(path.iterdir()):
+        if (child / CONFIG).is_file():
+            try:
+                if isinstance(read_config(child).get("sweep"), dict):
+                    return True
+            except ResultsError:
+                continue
+    return False
+
+
+def load_sweep(path: str | Path) -> SweepRuns:
+    """A sweep directory's runs, samples and paired speedups; a `ResultsError` for a sweep without greedy,
+    without pairs or without traces."""
+    path = Path(path)
+    samples = sweep_samples(path)
+    names = sorted({s.configuration for s in samples})
+    if REFERENCE not in names:
+        raise ResultsError(f"{path}: no {REFERENCE} configuration: a sweep's speedups are paired against greedy")
+    runs = {name: load_run(path / name) for name in names}
+    for name, run in runs.items():
+        if not run.has_traces():
+            raise ResultsError(f"{path / name}: no traces: the counts and speed factors are read from the stages' "
+                               "steps (traces/)")  # fmt: skip
+    try:
+        speedups = {s.configuration: s for s in paired_speedups(samples, REFERENCE)}
+    except ValueError as error:
+        raise ResultsError(f"{path}: {error}") from None
+    if len(speedups) < 2:
+        raise ResultsError(f"{path}: no configuration shares a prompt and repetition with {REFERENCE}: nothing is "
+                           "paired")  # fmt: skip
+    return SweepRuns(path, runs, tuple(samples), speedups)
+
+
+def check_hierarchy(profile: Profile, sweep: SweepRuns) -> None:
+    """A `ConfigError` unless every configuration ran the profile's hierarchy on its stages."""
+    names = [s.name for s in profile.stages]
+    for name, run in sweep.runs.items():
+        if run.hierarchy != profile.hierarchy:
+            raise ConfigError(f"{sweep.path / name} ran hierarchy {run.hierarchy!r}, the profile {profile.path} is of "
+                              f"{profile.hierarchy!r}: validate a sweep with a profile of its own hierarchy")  # fmt: skip
+        used = [_stage_name(n) for n in run.stage_names]
+        expected = names[-1:] if run.strategy == REFERENCE else names
+        if used != expected:
+            raise ConfigError(f"{sweep.path / name} ran the stages {used}, not the profile's {expected}: validate a "
+                              "sweep with a profile of its own hierarchy")  # fmt: skip
+
+
+def sweep_overlap(profile: Profile, sweep: SweepRuns) -> tuple[str, ...]:
+    """The sweep's prompts that the profile measured acceptance on (same dataset, a shared sample id)."""
+    if profile.dataset is not None and sweep.runs[REFERENCE].dataset != profile.dataset:
+        return ()
+    seen = set(profile.sample_ids)
+    return tuple(sorted({s.prompt for s in sweep.samples} & seen))
+
+
+def speed_factors(run: Run, step_s: Sequence[float]) -> list[float]:
+    """Per sample, the run's target steps' seconds over the profile's t(n) for them (`paired.speed_factor`)."""
+    found = []
+    for _, stages in run.iter_traces():
+        factor = speed_factor(stages[-1].steps, step_s)
+        if factor is not None:
+            found.append(factor)
+    return found
+
+
+def count_values(records: Sequence[Mapping], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
+    """The timing-free counts of samples (`analysis.rundir.stage_stats`, pooled): per verifier (every stage
+    after the first) its mean acceptance length, bonus included; the target's steps per generated token and
+    its verification fraction (verifications over verifications and one-token steps)."""
+    stats = [stage_stats(r) for r in records]
+    if any(len(s) != len(names) for s in stats):
+        raise ResultsError(f"a sample's stage statistics do not hold the {len(names)} stages {list(names)}")
+    pooled = [pool(s[i] for s in stats) for i in range(len(names))]
+    target = pooled[-1]
+    return [*((ACCEPTANCE, names[i], pooled[i].mean_acceptance_length) for i in range(1, len(names))),
+            (STEPS, names[-1], ratio(target.steps, target.output_tokens)), (VERIFY, names[-1], target.verify_fraction)]
+
+
+def predicted_counts(prediction: Prediction, paper: dict | None) -> list[tuple[float | None, float | None]]:
+    """(ours, paper's) per count, in `count_values`' order; the paper's model has the target's alone."""
+    middle = [(length, None) for length in prediction.acceptance_lengths[:-1]]
+    paper = paper or {}
+    steps = 1 / prediction.tokens_per_target_step if prediction.tokens_per_target_step else None
+    return [*middle, (prediction.acceptance_lengths[-1], paper.get("mean_acceptance_length")),
+            (steps, paper.get("target_steps_per_token")), (prediction.verify_fraction, paper.get("verify_fraction"))]
+
+
+def count_checks(profile: Profile, run: Run, prediction: Prediction) -> tuple[CountCheck, ...]:
+    """Every count of a configuration: measured over all its samples, predicted, and its repetition spread."""
+    names = prediction.stages
+    measured = count_values(run.samples, names)
+    by_repetition: dict[int, list[dict]] = {}
+    for record in run.samples:
+        by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
+    repeated = [count_values(group, names) for _, group in sorted(by_repetition.items())]
+    paper = paper_profile_counts(profile, prediction.stage_indices, prediction.strategy, prediction.lookahead,
+                                 prediction.max_lead)  # fmt: skip
+    return tuple(CountCheck(figure, stage, value, ours, theirs, relative_error(ours, value),
+                            relative_error(theirs, value), repetition_spread([r[i][2] for r in repeated]))
+                 for i, ((figure, stage, value), (ours, theirs)) in enumerate(zip(measured,
+                                                                                  predicted_counts(prediction, paper))))
+
+
+def tokens_per_s(records: Sequence[Mapping]) -> float:
+    """Pooled tokens/s of samples: their tokens over their seconds."""
+    return sum(r["new_tokens"] for r in records) / sum(r["time_s"] for r in records)
+
+
+def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: Prediction,
+                        machine_speed: float) -> SweepRecord:  # fmt: skip
+    """One configuration of the sweep against its prediction (`greedy`: the greedy run's prediction; the
+    machine's speed: the greedy runs' median speed factor)."""
+    run, measured = sweep.runs[name], sweep.speedups[name]
+    prediction = greedy if name == REFERENCE else predict_run(profile, run)
+    ours = prediction.tokens_per_s / greedy.tokens_per_s
+    paper = prediction.paper_predicted_tokens_per_s / greedy.tokens_per_s
+    interval = prediction.tokens_per_s_interval
+    counts = () if name == REFERENCE else count_checks(profile, run, prediction)
+    measured_rate = tokens_per_s(run.samples)
+    at_speed = relative_error(prediction.tokens_per_s / machine_speed, measured_rate)
+    steps = next((c for c in counts if c.figure == STEPS), None)
+    # tokens/s = 1 / (steps per token x seconds per step): what the counts leave of the error at speed
+    schedule = at_speed if steps is None else (None if steps.error is None else (1 + at_speed) * (1 + steps.error) - 1)
+    by_repetition: dict[int, list[dict]] = {}
+    for record in run.samples:
+        by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
+    own = speed_factors(run, profile.stages[-1].step_s_alone)
+    return SweepRecord(
+        configuration=name, strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
+        stages=prediction.stages, prompts=measured.prompts, repetitions=measured.repetitions,
+        measured_speedup=measured.speedup, measurement_interval=measured.measurement_interval,
+        sampling_interval=measured.sampling_interval, predicted_speedup=ours,
+        predicted_interval=None if interval is None else (interval[0] / greedy.tokens_per_s,
+                                                          interval[1] / greedy.tokens_per_s),
+        paper_speedup=paper, speedup_error=ours / measured.speedup - 1,
+        paper_speedup_error=paper / measured.speedup - 1,
+        counts=counts, measured_tokens_per_s=measured_rate, predicted_tokens_per_s=prediction.tokens_per_s,
+        paper_predicted_tokens_per_s=prediction.paper_predicted_tokens_per_s, machine_speed=machine_speed,
+        own_speed=statistics.median(own) if own else None, at_speed_error=at_speed,
+        paper_at_speed_error=relative_error(prediction.paper_predicted_tokens_per_s / machine_speed, measured_rate),
+        schedule_error=schedule,
+        speedup_floor=relative_half_width(measured.measurement_interval, measured.speedup)
+        if measured.repetitions > 1 and name != REFERENCE else None,
+        tokens_per_s_floor=repetition_spread([tokens_per_s(group) for _, group in sorted(by_repetition.items())]),
+    )  # fmt: skip
+
+
+def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
+    """Every predictable configuration of the sweep against the profile, the rankings and the floors."""
+    check_hierarchy(profile, sweep)
+    greedy_run = sweep.runs[REFERENCE]
+    factors = speed_factors(greedy_run, profile.stages[-1].step_s_alone)
+    if not factors:
+        raise ResultsError(f"{sweep.path / REFERENCE}: its traces have no decode steps to gauge the machine's speed")
+    greedy = predict_run(profile, greedy_run)
+    records, notes = [], []
+    for name in [REFERENCE, *(n for n in sweep.speedups if n != REFERENCE)]:  # then fastest measured first
+        problem = why_not(sweep.runs[name])
+        if problem:
+            notes.append(f"{name}: cannot be predicted: {problem}")
+            continue
+        records.append(check_configuration(profile, sweep, name, greedy, statistics.median(factors)))
+    measured = {r.configuration: r.measured_speedup for r in records}
+    best = max(measured, key=measured.get)
+    return SweepReport(
+        profile=profile.path, sweep=str(sweep.path), prompts=tuple(sorted({s.prompt for s in sweep.samples})),
+        seen=sweep_overlap(profile, sweep), records=tuple(records),
+        ours=ranking({r.configuration: r.predicted_speedup for r in records}, measured),
+        paper=ranking({r.configuration: r.paper_speedup for r in records}, measured), measured_best=best,
+        repetition_spearman=repetition_agreement(sweep.samples, list(measured)),
+        regret_floor=regret_floor([sweep.speedups[n] for n in measured]),
+        warnings=tuple(run_warnings(profile, greedy_run)), notes=tuple(notes),
+    )  # fmt: skip
+
+
+# ---- the figures, their floors and the targets ------------------------------------------------------------
+
+
+def _median_max(values: Iterable[float | None]) -> tuple[float | None, float | None]:
+    values = [abs(v) for v in values if v is not None]
+    return (statistics.median(values), max(values)) if values else (None, None)
+
+
+def sweep_figures(records: Sequence[SweepRecord], rankings: Sequence[tuple[Ranking, Ranking]],
+                  agreements: Sequence[float | None], regret_floors: Sequence[float | None]) -> dict:  # fmt: skip
+    """The figures the targets are on, ours and the paper's, with the floor of each: over `records` (of one
+    sweep or several), the speedups and counts pooled; the rankings per sweep (`rankings`: (ours, paper)),
+    their worst (the least Spearman, the largest regret) over the sweeps."""
+    speedups = [r for r in records if not r.is_reference]
+    counts = [c for r in speedups for c in r.counts]
+    figures = {}
+    for key, ours, paper, floors in (
+        ("speedup", [r.speedup_error for r in speedups], [r.paper_speedup_error for r in speedups],
+         [r.speedup_floor for r in speedups]),
+        ("counts", [c.error for c in counts], [c.paper_error for c in counts], [c.floor for c in counts]),
+    ):  # fmt: skip
+        (ours_median, ours_max), (paper_median, paper_max), (floor_median, floor_max) = map(_median_max,
+                                                                                             (ours, paper, floors))
+        figures[f"{key}_median"] = _figure(ours_median, paper_median, floor_median, TARGETS[f"{key}_median"])
+        figures[f"{key}_max"] = _figure(ours_max, paper_max, floor_max, TARGETS[f"{key}_max"])
+    regret_floor = max((f for f in regret_floors if f is not None), default=None)
+    figures["regret"] = _figure(max((o.regret for o, _ in rankings), default=None),
+                                max((p.regret for _, p in rankings), default=None), regret_floor, TARGETS["regret"])
+    least = [min((x for x in side if x is not None), default=None)
+             for side in ([o.spearman for o, _ in rankings], [p.spearman for _, p in rankings], agreements)]
+    figures["spearman"] = _figure(least[0], least[1], None if least[2] is None else 1 - least[2],
+                                  TARGETS["spearman"], at_least=True)
+    return figures
+
+
+def _figure(ours: float | None, paper: float | None, floor: float | None, target: float,
+            at_least: bool = False) -> dict:  # fmt: skip
+    """One target's row: `floor` is the noise the sweep cannot see through (for a least value, Spearman, its
+    shortfall from 1); `shown` False where the floor is above SHOWN_BELOW of the target (its shortfall)."""
+    met = None if ours is None else (ours >= target if at_least else ours <= target)
+    room = (1 - target) if at_least else target
+    return {"ours": ours, "paper": paper, "floor": floor, "target": target, "at_least": at_least, "met": met,
+            "shown": None if floor is None else floor <= SHOWN_BELOW * room}  # fmt: skip
+
+
+def decomposition(records: Sequence[SweepRecord]) -> dict:
+    """The three error kinds, median and largest |value| over `records`: the machine's speed (the greedy runs'
+    speed factor - 1, once per sweep), the timing-free counts, and the schedule (seconds per target step at
+    the machine's speed, given the measured counts); with tokens/s at the machine's speed (ours, the paper's)
+    and its floor."""
+    return {
+        "machine_speed": _median_max(r.machine_speed - 1 for r in records if r.is_reference),
+        "counts": _median_max(c.error for r in records for c in r.counts),
+        "schedule": _median_max(r.schedule_error for r in records),
+        "at_speed": _median_max(r.at_speed_error for r in records),
+        "paper_at_speed": _median_max(r.paper_at_speed_error for r in records),
+        "tokens_per_s_floor": _median_max(r.tokens_per_s_floor for r in records),
+    }  # fmt: skip
+
+
+# ---- the report ---------------------------------------------------------------------------------------
+
+
+FIGURE_LABELS = {"speedup_median": "speedup, median |error|", "speedup_max": "speedup, largest |error|",
+                 "counts_median": "counts, median |error|", "counts_max": "counts, largest |error|",
+                 "regret": "regret of the top pick", "spearman": "Spearman (predicted vs measured speedups)"}  # fmt: skip
+
+
+def _num(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _span(interval: Sequence[float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:.3f}-{interval[1]:.3f}"
+
+
+def _abs_pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _title(report: SweepReport) -> list[str]:
+    held = (f"held out: none of its {len(report.prompts)} prompts is among the profile's" if not report.in_sample else
+            f"IN-SAMPLE: the profile measured acceptance on {len(report.seen)} of its {len(report.prompts)} prompts "
+            f"({', '.join(report.seen[:4])}{', ...' if len(report.seen) > 4 else ''}): a decomposition, not a "
+            "validation")  # fmt: skip
+    return [f"paired sweep {report.sweep} against the profile {report.profile}", f"  {held}"]
+
+
+def _speedup_lines(records: Sequence[SweepRecord]) -> list[str]:
+    lines = ["speedup over greedy (measured: paired, 95% intervals over repetitions and over prompts; ours: 95% "
+             "over the profile's prompts; floor: half the repetitions interval)",
+             f"  {'configuration':<22}{'measured':>9}{'CI reps':>14}{'CI prompts':>14}{'ours':>8}{'CI':>14}"
+             f"{'error':>9}{'paper':>8}{'error':>9}{'floor':>8}"]  # fmt: skip
+    for r in records:
+        lines.append(f"  {r.configuration:<22}{r.measured_speedup:>9.3f}{_span(r.measurement_interval):>14}"
+                     f"{_span(r.sampling_interval):>14}{r.predicted_speedup:>8.3f}{_span(r.predicted_interval):>14}"
+                     f"{_pct(r.speedup_error):>9}{r.paper_speedup:>8.3f}{_pct(r.paper_speedup_error):>9}"
+                     f"{_abs_pct(r.speedup_floor):>8}")  # fmt: skip
+    return lines
+
+
+def _count_lines(records: Sequence[SweepRecord]) -> list[str]:
+    lines = ["timing-free counts (measured: the runs' pooled stage statistics; floor: spread over repetitions)",
+             f"  {'configuration':<22}{'count':<42}{'measured':>9}{'ours':>8}{'error':>9}{'paper':>8}{'error':>9}"
+             f"{'floor':>8}"]  # fmt: skip
+    for r in records:
+        for c in r.counts:
+            label = f"{c.figure} ({c.stage})" if c.figure == ACCEPTANCE else c.figure
+            lines.append(f"  {r.configuration:<22}{label:<42}{_num(c.measured):>9}{_num(c.predicted):>8}"
+                         f"{_pct(c.error):>9}{_num(c.paper):>8}{_pct(c.paper_error):>9}{_abs_pct(c.floor):>8}")
+    return lines
+
+
+def _speed_lines(records: Sequence[SweepRecord]) -> list[str]:
+    lines = ["tokens/s at the machine's speed during the sweep (a decomposition: ours / the greedy runs' median "
+             "speed factor; own: the run's own factor, its contention included; schedule: target steps per second)",
+             f"  {'configuration':<22}{'own':>7}{'measured':>10}{'ours':>9}{'error':>9}{'schedule':>10}{'paper':>9}"
+             f"{'error':>9}{'floor':>8}"]  # fmt: skip
+    for r in records:
+        lines.append(f"  {r.configuration:<22}{_num(r.own_speed, '.2f'):>7}{r.measured_tokens_per_s:>10.2f}"
+                     f"{r.predicted_tokens_per_s / r.machine_speed:>9.2f}{_pct(r.at_speed_error):>9}"
+                     f"{_pct(r.schedule_error):>10}{r.paper_predicted_tokens_per_s / r.machine_speed:>9.2f}"
+                     f"{_pct(r.paper_at_speed_error):>9}{_abs_pct(r.tokens_per_s_floor):>8}")  # fmt: skip
+    return lines
+
+
+def _ranking_line(model: str, rank: Ranking, best: str) -> str:
+    return (f"  {model}: Spearman {_num(rank.spearman, '.2f')}; top pick {rank.top_pick} (measured "
+            f"{rank.top_pick_measured:.3f}, the best measured {best}): regret {100 * rank.regret:.1f}%")
+
+
+def target_lines(figures: dict, in_sample: bool) -> list[str]:
+    """The targets table, and which targets the floor keeps a sweep from showing."""
+    scope = "in-sample: a decomposition, not a validation" if in_sample else "held out"
+    lines = [f"targets ({scope}; floor: the sweep's own noise):",
+             f"  {'figure':<44}{'ours':>8}{'paper':>8}{'floor':>8}{'target':>10}  met"]
+    for key, label in FIGURE_LABELS.items():
+        f = figures[key]
+        value = (lambda v: _num(v, ".2f")) if f["at_least"] else _abs_pct
+        floor = "-" if f["floor"] is None else (f"1-{1 - f['floor']:.2f}" if f["at_least"] else _abs_pct(f["floor"]))
+        target = f">= {f['target']:.2f}" if f["at_least"] else f"<= {100 * f['target']:.0f}%"
+        met = "-" if f["met"] is None else ("yes" if f["met"] else "no")
+        lines.append(f"  {label:<44}{value(f['ours']):>8}{value(f['paper']):>8}{floor:>8}{target:>10}  {met}")
+    hidden = [FIGURE_LABELS[k] for k, f in figures.items() if f["shown"] is False]
+    unknown = [FIGURE_LABELS[k] for k, f in figures.items() if f["shown"] is None]
+    if hidden:
+        lines.append(f"floor above a third of its target (this sweep cannot show it): {'; '.join(hidden)}")
+    else:
+        lines.append("every known floor is below a third of its target")
+    if unknown:
+        lines.append(f"floor unknown (one repetition, or too few configurations): {'; '.join(unknown)}")
+    return lines
+
+
+def decomposition_line(kinds: dict) -> str:
+    def pair(key):
+        median, largest = kinds[key]
+        return f"{_abs_pct(median)} / {_abs_pct(largest)}"
+
+    return (f"error kinds, median / largest |error|: machine speed {pair('machine_speed')}, counts {pair('counts')}, "
+            f"schedule {pair('schedule')}; tokens/s at the machine's speed {pair('at_speed')} (paper "
+            f"{pair('paper_at_speed')}; floor {pair('tokens_per_s_floor')})")  # fmt: skip
+
+
+def report_figures(report: SweepReport) -> dict:
+    return sweep_figures(report.records, [(report.ours, report.paper)], [report.repetition_spearman],
+                         [report.regret_floor])  # fmt: skip
+
+
+def format_sweep_report(report: SweepReport) -> str:
+    lines = _title(report) + [""] + _speedup_lines(report.records) + [""]
+    lines += _count_lines([r for r in report.records if r.counts]) + [""] + _speed_lines(report.records) + [""]
+    lines += ["ranking over the configurations (greedy included):", _ranking_line("ours", report.ours,
+              report.measured_best), _ranking_line("paper", report.paper, report.measured_best),
+              f"  the sweep against itself: Spearman between repetitions {_num(report.repetition_spearman, '.2f')}; "
+              f"regret among the configurations not told apart from the best {_abs_pct(report.regret_floor)}",
+              ""]  # fmt: skip
+    lines += target_lines(report_figures(report), report.in_sample)
+    lines.append(decomposition_line(decomposition(report.records)))
+    return "\n".join(lines)
+
+
+def sweep_report_json(report: SweepReport) -> dict:
+    """The `--json` object of a sweep's report (`read_sweep_report` reads it back)."""
+    return {"format": SWEEP_FORMAT, **asdict(report), "in_sample": report.in_sample,
+            "figures": report_figures(report), "error_kinds": decomposition(report.records)}  # fmt: skip
+
+
+def read_sweep_report(raw: dict, path: str) -> SweepReport:
+    """A sweep report from its `--json` object; a `ConfigError` naming `path` if it is not one."""
+    try:
+        records = tuple(SweepRecord(**{**r, "counts": tuple(CountCheck(**c) for c in r["counts"]),
+                                       "stages": tuple(r["stages"])}) for r in raw["records"])  # fmt: skip
+        fields = {k: raw[k] for k in SweepReport.__dataclass_fields__ if k in raw}
+        return SweepReport(**{**fields, "records": records, "ours": Ranking(**raw["ours"]),
+                              "paper": Ranking(**raw["paper"]), "prompts": tuple(raw["prompts"]),
+                              "seen": tuple(raw["seen"])})  # fmt: skip
+    except (KeyError, TypeError) as error:
+        raise ConfigError(f"{path}: not a sweep validation report ({error})") from None
+
+
+def format_sweep_summary(reports: Sequence[SweepReport]) -> list[str]:
+    """The figures over several sweeps' reports, held-out and in-sample apart."""
+    lines = []
+    held_out, seen = [r for r in reports if not r.in_sample], [r for r in reports if r.in_sample]
+    for title, subset in (("held-out sweeps", held_out),
+                          ("in-sample sweeps (a decomposition, not a validation)", seen)):  # fmt: skip
+        if not subset:
+            continue
+        records = [record for report in subset for record in report.records]
+        figures = sweep_figures(records, [(r.ours, r.paper) for r in subset], [r.repetition_spearman for r in subset],
+                                [r.regret_floor for r in subset])  # fmt: skip
+        configurations = sum(not r.is_reference for r in records)
+        lines += [f"paired {title}: {len(subset)} sweep(s), {configurations} configurations besides greedy "
+                  "(ranking: the worst sweep's)"]  # fmt: skip
+        lines += ["  " + line for line in target_lines(figures, title.startswith("in-sample"))]
+        lines.append("  " + decomposition_line(decomposition(records)))
+    return lines
+
+
+USAGE = ("usage: python -m analysis.validate PROFILE SWEEP_DIR [--json]\n"
+         "       python -m analysis.validate PROFILE RUN_DIRS... [--json | --costs | --repeats] [--greedy-speed]\n"
+         "       python -m analysis.validate --summary VALIDATION_JSON...")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     flags = ("--json", "--costs", "--greedy-speed", "--repeats", "--summary")
     as_json, as_costs, speed, as_repeats, as_summary = (flag in argv for flag in flags)
     argv = [a for a in argv if a not in flags]
     if len(argv) < (1 if as_summary else 2):
-        print("usage: python -m analysis.validate PROFILE RUN_DIRS... [--json | --costs | --repeats] "
-              "[--greedy-speed]\n       python -m analysis.validate --summary VALIDATION_JSON...",
-              file=sys.stderr)  # fmt: skip
+        print(USAGE, file=sys.stderr)
         return 2
-    if as_summary:
-        try:
-            print(format_summary(read_reports(argv), argv))
-        except ConfigError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        return 0
     try:
-        profile = load_profile(argv[0])
-        runs = find_runs(argv[1:])
-        if as_costs:
-            print(format_costs(profile, runs))
+        if as_summary:
+            records, sweeps = read_reports(argv)
+            print(format_summary(records, argv, sweeps))
             return 0
-        speed_from = None
-        if speed:
-            factor, speed_from = greedy_speed(profile, runs)
-            profile = at_speed(profile, factor)
-            print(f"note: step costs x {factor:.4f}, the speed of {speed_from}: every run is in-sample",
-                  file=sys.stderr)  # fmt: skip
-        records, notes = validate(profile, runs)
-        if speed_from is not None:
-            records = [replace(r, in_sample=True, speed_from=speed_from) for r in records]
+        sweeps = [path for path in argv[1:] if is_sweep_dir(path)]
+        if sweeps:
+            return sweep_main(argv[0], argv[1:], as_json, as_costs or speed or as_repeats)
+        return sequential_main(argv[0], argv[1:], as_json, as_costs, speed, as_repeats)
     except (ProfileError, ResultsError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
+
+
+def sweep_main(profile_path: str, paths: Sequence[str], as_json: bool, sequential_flag: bool) -> int:
+    """`python -m analysis.validate PROFILE SWEEP_DIR [--json]`: one sweep against the profile."""
+    if len(paths) != 1:
+        raise ConfigError(f"{paths[0] if is_sweep_dir(paths[0]) else paths[1]} is a paired sweep: validate it on "
+                          "its own (python -m analysis.validate PROFILE SWEEP_DIR)")  # fmt: skip
+    if sequential_flag:
+        raise ConfigError("--costs, --repeats and --greedy-speed are for sequential runs: a sweep's report has "
+                          "its own speed factors and noise floor")  # fmt: skip
+    report = check_sweep(load_profile(profile_path), load_sweep(paths[0]))
+    for note in report.notes:
+        print(f"note: skipped {note}", file=sys.stderr)
+    for warning in report.warnings:
+        print(f"warning: {report.sweep}: profile from elsewhere: {warning}", file=sys.stderr)
+    if report.in_sample:
+        print(f"note: {report.sweep} is in-sample: the profile measured acceptance on {len(report.seen)} of its "
+              f"{len(report.prompts)} prompts", file=sys.stderr)  # fmt: skip
+    print(json.dumps(sweep_report_json(report)) if as_json else format_sweep_report(report))
+    return 0
+
+
+def sequential_main(profile_path: str, paths: Sequence[str], as_json: bool, as_costs: bool, speed: bool,
+                    as_repeats: bool) -> int:  # fmt: skip
+    """`python -m analysis.validate PROFILE RUN_DIRS...`: runs measured one after another."""
+    profile = load_profile(profile_path)
+    runs = find_runs(paths)
+    if as_costs:
+        print(format_costs(profile, runs))
+        return 0
+    speed_from = None
+    if speed:
+        factor, speed_from = greedy_speed(profile, runs)
+        profile = at_speed(profile, factor)
+        print(f"note: step costs x {factor:.4f}, the speed of {speed_from}: every run is in-sample",
+              file=sys.stderr)  # fmt: skip
+    records, notes = validate(profile, runs)
+    if speed_from is not None:
+        records = [replace(r, in_sample=True, speed_from=speed_from) for r in records]
     for note in notes:
         print(f"note: skipped {note}", file=sys.stderr)
     for record in records:

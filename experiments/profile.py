@@ -4,6 +4,8 @@
     python -m experiments.profile models=tiny_k2 profile.max_fed=8 hydra.run.dir=/tmp/p
     python -m experiments.profile models=smollm2_int8_fp32 dataset=news_lee costs_from=OTHER/profile.json
         # acceptance on news_lee, step costs, prefill and handoff reused from OTHER (same machine and stages)
+    python -m experiments.profile models=smollm2_int8_fp32 cost_cache=false
+        # step costs measured again (by default a cached cost sweep of the same machine and stages is reused)
 
 The measurement is `experiments.profiling`; `python -m analysis.predict RUN_DIR/profile.json` reads it.
 """
@@ -52,6 +54,7 @@ def write_profile(config: dict, run_dir: str | Path) -> Path:
     from experiments.hierarchies import resolve_stages
     from pipespec.models import check_shared_vocabulary, context_length
     from experiments.profiling import ProfileOptions, measure_profile
+    from pipespec.errors import ConfigError
 
     options = ProfileOptions(**(config.get("profile") or {}))
     family, budget = check_family(config["models"].get("family", "base")), check_budget(config["max_new_tokens"])
@@ -60,8 +63,11 @@ def write_profile(config: dict, run_dir: str | Path) -> Path:
     prompts = prompts_for(config["dataset"], tokenizer, family, context_length(specs[-1].model), budget)
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     costs_from = read_costs_from(config.get("costs_from"))
+    cost_cache = config.get("cost_cache", True)
+    if not isinstance(cost_cache, bool):
+        raise ConfigError(f"cost_cache must be true or false, got {cost_cache!r}")
     profile = measure_profile(specs, config["models"]["name"], prompts.pairs(), options, dataset=prompts.name,
-                              log=log, costs_from=costs_from)  # fmt: skip
+                              log=log, costs_from=costs_from, cost_cache=cost_cache)  # fmt: skip
     path = Path(run_dir) / PROFILE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile, indent=1))

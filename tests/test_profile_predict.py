@@ -21,7 +21,7 @@ def tiny_profile(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile")
     command = [sys.executable, "-m", "experiments.profile", "models=tiny_k2", "dataset.n_samples=2",
                "profile.max_fed=6", "profile.repeats=2", "profile.continuation=16", "profile.handoff_tokens=8",
-               f"hydra.run.dir={out}"]  # fmt: skip
+               "cost_cache=false", f"hydra.run.dir={out}"]  # fmt: skip
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     return out / "profile.json"
@@ -259,6 +259,43 @@ def test_costs_from_reuses_the_costs_and_measures_acceptance(tiny_profile, tmp_p
                           timeout=240)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: costs_from")
     assert "another cpu" in done.stderr and not (tmp_path / "b" / "profile.json").exists()
+
+
+def test_a_cached_cost_sweep_is_reused_and_the_time_goes_to_acceptance(tmp_path, monkeypatch):
+    """Without costs_from, a profile reuses the cost sweep cached for the same machine, stages and cost
+    options, and caches the one it measures; the short profile then takes more prompts."""
+    from experiments.hierarchies import load_hierarchy
+    from experiments import profiling
+
+    cache = tmp_path / "cache"
+    env = {**ENV, "PIPESPEC_CACHE": str(cache)}
+    command = [sys.executable, "-m", "experiments.profile", "models=tiny_k2", "profile.max_fed=4", "profile.repeats=2",
+               "profile.continuation=8", "profile.handoff_tokens=0"]  # fmt: skip
+    first = subprocess.run([*command, "dataset.ids=[HumanEval/0]", f"hydra.run.dir={tmp_path / 'a'}"], env=env,
+                           capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    (stored,) = (cache / "costs").glob("*.json")
+    assert f"step costs cached in {stored}" in first.stderr and "t(n)" in first.stderr
+    second = subprocess.run([*command, "dataset.ids=[HumanEval/5,HumanEval/6]", f"hydra.run.dir={tmp_path / 'b'}"],
+                            env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"from the cost cache {stored}" in second.stderr and "t(n)" not in second.stderr
+    a, b = (json.loads((tmp_path / d / "profile.json").read_text()) for d in ("a", "b"))
+    assert a["costs_from"] is None and b["costs_from"] == str(stored)
+    assert [s.get("step_s_alone") for s in b["stages"]] == [s.get("step_s_alone") for s in a["stages"]]
+    assert b["sample_ids"] == ["HumanEval/5", "HumanEval/6"] and b["pairs"][0]["starts"] > 0
+    assert len(list((cache / "costs").glob("*.json"))) == 1  # reused, not measured again
+    # the key: the same stages and cost options find the same sweep, other options another one
+    monkeypatch.setenv("PIPESPEC_CACHE", str(cache))  # the tiny models too live there
+    specs = load_hierarchy("tiny_k2")
+    options = profiling.ProfileOptions(max_fed=4, repeats=2, continuation=8, handoff_tokens=0)
+    assert profiling.cost_cache_path(profiling.cost_key(specs, options)) == stored
+    assert profiling.cached_costs(specs, profiling.ProfileOptions(max_fed=4, repeats=2, continuation=99,
+                                                                  handoff_tokens=0))["path"] == str(stored)
+    assert profiling.cached_costs(specs, profiling.ProfileOptions(max_fed=5, repeats=2, handoff_tokens=0)) is None
+    assert profiling.short_profile_prompts(specs) == profiling.SHORT_PROMPTS
+    profiling.store_costs(specs, profiling.SHORT_OPTIONS, a)
+    assert profiling.short_profile_prompts(specs) == profiling.SHORT_PROMPTS_WITH_COSTS > profiling.SHORT_PROMPTS
 
 
 def test_a_model_free_first_stage_proposes_a_whole_run_at_once():

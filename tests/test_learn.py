@@ -1,0 +1,73 @@
+"""Learning while a run goes (analysis.learn): a run's traces revise the profile's acceptance and costs, and the
+next configuration is the best predicted one only when it beats the current one by the margin."""
+
+import pytest
+
+from analysis import learn
+from analysis.profile import FORMAT, VERSION, parse_profile
+
+
+def profile(rate: float, drafter_s: float = 0.004, target_s: float = 0.02) -> object:
+    """A two-stage profile: a model drafter whose drafts the target keeps at `rate` at every position."""
+    runs = [[2, 1, 0, 3, 2, 1, 0, 0, 1, 0] * 3 for _ in range(2)]
+    stage = lambda name, t1: {"name": name, "kind": "hf", "step_s_alone": [t1 * (1 + 0.05 * n) for n in range(8)],  # noqa: E731
+                              "step_s_loaded": [t1 * (1.1 + 0.05 * n) for n in range(8)], "prefill_s_per_token": 0.001}
+    pair = {"drafter": "d", "verifier": "t", "acceptance_by_position": [rate] * 6, "proposal_rate": 1.0,
+            "mean_proposal_length": 6.0, "runs": runs}  # fmt: skip
+    data = {"format": FORMAT, "version": VERSION, "hierarchy": {"name": "h", "stages": ["d", "t"]},
+            "stages": [stage("d", drafter_s), stage("t", target_s)], "pairs": [pair], "sample_ids": ["a", "b"],
+            "prompt_tokens": [20, 20], "handoff_s": 0.0, "duration_s": 1.0}  # fmt: skip
+    return parse_profile(data)
+
+
+def verifier_steps(verifications: list[tuple[int, int]], seconds: float = 0.02) -> dict:
+    """A target trace (its dict): a prefill step, then one verify step per (offered, kept)."""
+    kinds = ["single"] + ["verify"] * len(verifications)
+    offered = [0] + [o for o, _ in verifications]
+    kept = [0] + [k for _, k in verifications]
+    starts = [i * 1.0 for i in range(len(kinds))]
+    return {"steps": {"kind": kinds, "offered": offered, "accepted": kept, "fed": [20] + [o + 1 for o in offered[1:]],
+                      "t_start": starts, "t_end": [t + seconds for t in starts], "produced": [k + 1 for k in kept]}}
+
+
+def drafter_steps(n: int, seconds: float) -> dict:
+    starts = [i * 1.0 for i in range(n)]
+    return {"steps": {"kind": ["draft"] * n, "offered": [0] * n, "accepted": [0] * n, "fed": [20] + [1] * (n - 1),
+                      "t_start": starts, "t_end": [t + seconds for t in starts], "produced": [1] * n}}
+
+
+def test_verifications_count_offered_and_kept_drafts_by_position():
+    observed = learn.Observed()
+    base = profile(0.5)
+    observed.add(base, [0, 1], [drafter_steps(5, 0.004), verifier_steps([(4, 2), (4, 4), (3, 0)])])
+    assert observed.offered[(0, 1)] == [3, 2, 2, 1]  # (4, 2): positions 0-2; (4, 4): 0-3; (3, 0): 0
+    assert observed.accepted[(0, 1)] == [2, 2, 1, 1]
+    assert observed.calls == 1 and observed.speed(0) == pytest.approx(0.004 / base.stages[0].step_s_alone[0])
+
+
+def test_a_run_that_keeps_more_drafts_than_the_profile_raises_its_rates_and_costs_follow_the_run():
+    base = profile(0.3)
+    observed = learn.Observed()
+    for _ in range(3):
+        observed.add(base, [0, 1], [drafter_steps(30, 0.008), verifier_steps([(6, 6)] * 10, seconds=0.03)])
+    learned = learn.learned_profile(base, observed)
+    before, after = base.pairs[0].acceptance_by_position, learned.pairs[0].acceptance_by_position
+    assert all(a > b for a, b in zip(after, before)) and learned.pairs[0].runs == ()
+    assert learned.stages[0].step_s_alone[0] == pytest.approx(base.stages[0].step_s_alone[0] * observed.speed(0))
+    few = learn.Observed()
+    few.add(base, [0, 1], [drafter_steps(3, 0.004), verifier_steps([(2, 2)])])
+    assert learn.learned_profile(base, few).pairs[0] == base.pairs[0]  # too few drafts to count
+
+
+def test_the_next_configuration_switches_only_beyond_the_margin():
+    low, high = profile(0.05, drafter_s=0.015), profile(0.95, drafter_s=0.001)
+    greedy = {"strategy": "greedy", "lookahead": 0, "max_lead": 8, "stages": [1]}
+    stay = learn.next_configuration(low, greedy, tokens=64)
+    assert stay.configuration["strategy"] == "greedy" and not stay.switched
+    move = learn.next_configuration(high, greedy, tokens=64)
+    assert move.switched and move.configuration["strategy"] != "greedy"
+    assert move.predicted_tokens_per_s > move.current_tokens_per_s * (1 + learn.MARGIN) and move.reason
+    again = learn.next_configuration(high, move.configuration, tokens=64)
+    assert not again.switched and again.configuration == move.configuration
+    only_greedy = learn.next_configuration(high, greedy, tokens=64, allowed=lambda c: c["strategy"] == "greedy")
+    assert not only_greedy.switched

@@ -1,0 +1,398 @@
+"""Validation on a paired sweep (analysis.validate PROFILE SWEEP_DIR): a tiny k = 2 profile and a tiny sweep of
+held-out prompts, every figure of the report checked against a computation of its own here (from the sweep's
+files, the profile and analysis.predict); in-sample labelling, the bad inputs, the ranking and noise-floor
+statistics on hand-made numbers, and the acceptance's standard error and the prediction's interval on a
+hand-made profile."""
+
+import gzip
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from analysis import predict as pr
+from analysis import profile as pf
+from analysis import validate as va
+from analysis.paired import PairedSpeedup, Sample
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+CONFIGS = ("configurations=[{strategy: sd, lookahead: 2}, {strategy: sd, lookahead: 3}, "
+           "{strategy: pipespec, lookahead: 0, max_lead: 4}]")  # fmt: skip
+
+
+def _call(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    """Acceptance on HumanEval/0 and 1: the sweep's prompts (2 and 3) are held out."""
+    out = tmp_path_factory.mktemp("profile")
+    done = _call("-m", "experiments.profile", "models=tiny_k2", "dataset.n_samples=2", "profile.max_fed=6",
+                 "profile.repeats=2", "profile.continuation=16", "profile.handoff_tokens=8", "cost_cache=false",
+                 f"hydra.run.dir={out}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out / "profile.json"
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    done = _call("-m", "experiments.sweep", "models=tiny_k2", "dataset=humaneval", "samples=2", "prompt_offset=2",
+                 "repetitions=2", "max_new_tokens=8", "warmup_tokens=2", "progress=false", CONFIGS,
+                 f"hydra.run.dir={out}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(tiny_profile, swept):
+    done = _call("-m", "analysis.validate", str(tiny_profile), str(swept), "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _log_speedup(swept: Path, name: str, repetition: int | None = None) -> float:
+    """The geometric-mean paired speedup by hand: per prompt the mean log ratio over its repetitions."""
+    rate = {(r["slot"]["prompt"], r["slot"]["repetition"]): r["new_tokens"] / r["time_s"]
+            for r in _records(swept / name)}  # fmt: skip
+    base = {(r["slot"]["prompt"], r["slot"]["repetition"]): r["new_tokens"] / r["time_s"]
+            for r in _records(swept / "greedy")}  # fmt: skip
+    per_prompt: dict[str, list[float]] = {}
+    for (prompt, rep), value in rate.items():
+        if repetition is None or rep == repetition:
+            per_prompt.setdefault(prompt, []).append(math.log(value / base[(prompt, rep)]))
+    return statistics.mean(statistics.mean(v) for v in per_prompt.values())
+
+
+def _prediction(profile, swept: Path, name: str):
+    records = _records(swept / name)
+    strategy = yaml.safe_load((swept / name / "config.yaml").read_text())["strategy"]
+    tokens = round(sum(r["new_tokens"] for r in records) / len(records))
+    prompt = round(statistics.mean(r["prompt_tokens"] for r in records))
+    return pr.predict_profile(profile, strategy["name"], strategy.get("lookahead", 0), strategy.get("max_lead", 8),
+                              tokens, prompt_tokens=prompt)  # fmt: skip
+
+
+def _target_counts(records: list[dict]) -> tuple[float | None, float, float]:
+    target = [r["stages"][-1] for r in records]
+    verify, single = sum(t["verify_steps"] for t in target), sum(t["single_steps"] for t in target)
+    length = (sum(t["accepted"] for t in target) + verify) / verify if verify else None
+    return length, sum(t["steps"] for t in target) / sum(r["new_tokens"] for r in records), verify / (verify + single)
+
+
+def _speed_factor(trace: dict, step_s: list[float]) -> float:
+    steps = trace["stages"][-1]["steps"]
+    rows = range(1, len(steps["fed"]))
+    return sum(steps["t_end"][i] - steps["t_start"][i] for i in rows) / sum(step_s[steps["fed"][i] - 1] for i in rows)
+
+
+def test_the_speedups_are_the_paired_ones_and_the_predicted_ones_the_profiles(tiny_profile, swept, report):
+    profile = pf.load_profile(tiny_profile)
+    records = {r["configuration"]: r for r in report["records"]}
+    assert set(records) == {"greedy", "sd_L2", "sd_L3", "pipespec_L0_M4"}
+    assert report["records"][0]["configuration"] == "greedy"
+    assert report["in_sample"] is False and report["seen"] == [] and report["prompts"] == ["HumanEval/2", "HumanEval/3"]
+    greedy = _prediction(profile, swept, "greedy")
+    for name, record in records.items():
+        assert record["measured_speedup"] == pytest.approx(math.exp(_log_speedup(swept, name)))
+        low, high = record["measurement_interval"]
+        assert low <= record["measured_speedup"] <= high and record["prompts"] == 2 and record["repetitions"] == 2
+        ours = _prediction(profile, swept, name)
+        assert record["predicted_speedup"] == pytest.approx(ours.tokens_per_s / greedy.tokens_per_s)
+        assert record["paper_speedup"] == pytest.approx(ours.paper_predicted_tokens_per_s / greedy.tokens_per_s)
+        assert record["speedup_error"] == pytest.approx(record["predicted_speedup"] / record["measured_speedup"] - 1)
+        if ours.tokens_per_s_interval is not None:
+            assert record["predicted_interval"] == pytest.approx([t / greedy.tokens_per_s
+                                                                  for t in ours.tokens_per_s_interval])  # fmt: skip
+        floor = (high - low) / (2 * record["measured_speedup"])
+        assert record["speedup_floor"] == (None if name == "greedy" else pytest.approx(floor))
+    assert records["greedy"]["measured_speedup"] == pytest.approx(1.0) and records["greedy"]["counts"] == []
+
+
+def test_the_counts_are_the_runs_pooled_stage_statistics(tiny_profile, swept, report):
+    profile = pf.load_profile(tiny_profile)
+    for record in report["records"][1:]:
+        name = record["configuration"]
+        samples = _records(swept / name)
+        length, steps, verify = _target_counts(samples)
+        counts = {c["figure"]: c for c in record["counts"]}
+        assert [c["figure"] for c in record["counts"]] == [va.ACCEPTANCE, va.STEPS, va.VERIFY]
+        assert counts[va.ACCEPTANCE]["stage"] == profile.stages[-1].name
+        assert counts[va.ACCEPTANCE]["measured"] == (None if length is None else pytest.approx(length))
+        assert counts[va.STEPS]["measured"] == pytest.approx(steps)
+        assert counts[va.VERIFY]["measured"] == pytest.approx(verify)
+        ours = _prediction(profile, swept, name)
+        assert counts[va.ACCEPTANCE]["predicted"] == (None if ours.acceptance_lengths[-1] is None
+                                                      else pytest.approx(ours.acceptance_lengths[-1]))  # fmt: skip
+        assert counts[va.STEPS]["predicted"] == pytest.approx(1 / ours.tokens_per_target_step)
+        assert counts[va.VERIFY]["predicted"] == pytest.approx(ours.verify_fraction)
+        paper = pr.paper_profile_counts(profile, (0, 1), ours.strategy, ours.lookahead, ours.max_lead)
+        assert counts[va.STEPS]["paper"] == pytest.approx(paper["target_steps_per_token"])
+        for count in record["counts"]:
+            if count["measured"] and count["predicted"] is not None:
+                assert count["error"] == pytest.approx(count["predicted"] / count["measured"] - 1)
+        by_repetition = [_target_counts([s for s in samples if s["slot"]["repetition"] == r])[1] for r in (0, 1)]
+        spread = (max(by_repetition) - min(by_repetition)) / (max(by_repetition) + min(by_repetition))
+        assert counts[va.STEPS]["floor"] == pytest.approx(spread)
+
+
+def test_tokens_per_s_at_the_machines_speed_and_the_schedule(tiny_profile, swept, report):
+    profile = pf.load_profile(tiny_profile)
+    step_s = list(profile.stages[-1].step_s_alone)
+    greedy_dir = swept / "greedy"
+    factors = [_speed_factor(json.loads(gzip.decompress(path.read_bytes())), step_s)
+               for path in sorted((greedy_dir / "traces").glob("*.json.gz"))]  # fmt: skip
+    machine = statistics.median(factors)
+    for record in report["records"]:
+        samples = _records(swept / record["configuration"])
+        measured = sum(r["new_tokens"] for r in samples) / sum(r["time_s"] for r in samples)
+        ours = _prediction(profile, swept, record["configuration"])
+        assert record["machine_speed"] == pytest.approx(machine)
+        assert record["measured_tokens_per_s"] == pytest.approx(measured)
+        assert record["at_speed_error"] == pytest.approx(ours.tokens_per_s / machine / measured - 1)
+        steps = next((c for c in record["counts"] if c["figure"] == va.STEPS), None)
+        expected = record["at_speed_error"] if steps is None else (1 + record["at_speed_error"]) * (
+            steps["predicted"] / steps["measured"]) - 1  # fmt: skip
+        assert record["schedule_error"] == pytest.approx(expected)
+        rates = [sum(r["new_tokens"] for r in samples if r["slot"]["repetition"] == rep)
+                 / sum(r["time_s"] for r in samples if r["slot"]["repetition"] == rep) for rep in (0, 1)]  # fmt: skip
+        assert record["tokens_per_s_floor"] == pytest.approx((max(rates) - min(rates)) / (max(rates) + min(rates)))
+    assert report["error_kinds"]["machine_speed"][0] == pytest.approx(abs(machine - 1))
+
+
+def test_the_ranking_and_the_targets(report, swept):
+    records = report["records"]
+    names = [r["configuration"] for r in records]
+    predicted = np.array([r["predicted_speedup"] for r in records])
+    measured = np.array([r["measured_speedup"] for r in records])
+    ranks = lambda values: np.argsort(np.argsort(values))  # noqa: E731  (no ties among these)
+    d = ranks(predicted) - ranks(measured)
+    assert report["ours"]["spearman"] == pytest.approx(1 - 6 * float(d @ d) / (len(d) * (len(d) ** 2 - 1)))
+    pick = names[int(np.argmax(predicted))]
+    assert report["ours"]["top_pick"] == pick and report["measured_best"] == names[int(np.argmax(measured))]
+    assert report["ours"]["regret"] == pytest.approx(1 - measured[names.index(pick)] / measured.max())
+    by_repetition = [[math.exp(_log_speedup(swept, n, rep)) for n in names] for rep in (0, 1)]
+    d = ranks(np.array(by_repetition[0])) - ranks(np.array(by_repetition[1]))
+    assert report["repetition_spearman"] == pytest.approx(1 - 6 * float(d @ d) / (len(d) * (len(d) ** 2 - 1)))
+    figures = report["figures"]
+    errors = [abs(r["speedup_error"]) for r in records[1:]]
+    assert figures["speedup_median"]["ours"] == pytest.approx(statistics.median(errors))
+    assert figures["speedup_max"]["ours"] == pytest.approx(max(errors))
+    assert figures["speedup_max"]["floor"] == pytest.approx(max(r["speedup_floor"] for r in records[1:]))
+    counts = [abs(c["error"]) for r in records for c in r["counts"] if c["error"] is not None]
+    assert figures["counts_max"]["ours"] == pytest.approx(max(counts))
+    assert figures["spearman"]["floor"] == pytest.approx(1 - report["repetition_spearman"])
+    assert {k: f["target"] for k, f in figures.items()} == va.TARGETS
+    for f in figures.values():
+        room = 1 - f["target"] if f["at_least"] else f["target"]
+        assert f["shown"] == (None if f["floor"] is None else f["floor"] <= room / 3)
+
+
+def test_the_text_report_puts_the_floor_beside_the_errors(tiny_profile, swept):
+    done = _call("-m", "analysis.validate", str(tiny_profile), str(swept), timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "held out: none of its 2 prompts" in text and "IN-SAMPLE" not in text
+    for part in ("speedup over greedy", "timing-free counts", "tokens/s at the machine's speed", "ranking over",
+                 "targets (held out", "speedup, median |error|", "Spearman (predicted vs measured speedups)",
+                 "error kinds, median / largest |error|: machine speed"):
+        assert part in text, part
+    assert ("floor above a third of its target (this sweep cannot show it)" in text
+            or "every known floor is below a third of its target" in text)  # fmt: skip
+    assert "sequential runs" not in text
+
+
+def test_a_sweep_on_the_profiles_own_prompts_is_labelled_in_sample(tiny_profile, swept, tmp_path):
+    raw = json.loads(tiny_profile.read_text())
+    raw["sample_ids"] = ["HumanEval/3", "HumanEval/9"]
+    seen = tmp_path / "seen.json"
+    seen.write_text(json.dumps(raw))
+    done = _call("-m", "analysis.validate", str(seen), str(swept), "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["in_sample"] is True and found["seen"] == ["HumanEval/3"]
+    assert "in-sample" in done.stderr
+    text = _call("-m", "analysis.validate", str(seen), str(swept), timeout=120).stdout
+    assert "IN-SAMPLE: the profile measured acceptance on 1 of its 2 prompts" in text
+    assert "targets (in-sample: a decomposition, not a validation" in text
+    report = tmp_path / "seen_report.json"
+    report.write_text(done.stdout)
+    summed = _call("-m", "analysis.validate", "--summary", str(report), timeout=120)
+    assert summed.returncode == 0 and "in-sample sweeps" in summed.stdout and "held-out sweeps" not in summed.stdout
+
+
+def test_summary_over_sweep_reports_and_sequential_ones(tiny_profile, swept, report, tmp_path):
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(report))
+    sequential = _call("-m", "analysis.validate", str(tiny_profile), str(swept / "greedy"), "--json", timeout=120)
+    assert sequential.returncode == 0, sequential.stderr
+    old = tmp_path / "sequential.json"
+    old.write_text(sequential.stdout)
+    done = _call("-m", "analysis.validate", "--summary", str(path), str(path), str(old), timeout=120)
+    assert done.returncode == 0, done.stderr
+    sweeps, _, runs = done.stdout.partition("sequential runs (no pairing)")
+    assert "paired held-out sweeps: 2 sweep(s), 6 configurations besides greedy" in sweeps
+    figure = report["figures"]["speedup_median"]["ours"]
+    assert f"{100 * figure:.1f}%" in sweeps.split("speedup, median |error|")[1].split("\n")[0]  # the report twice
+    assert "held-out runs" in runs and "over 1 runs" in runs
+    text = _call("-m", "analysis.validate", str(tiny_profile), str(swept / "greedy"), timeout=120).stdout
+    assert text.startswith("sequential runs (no pairing)")
+
+
+def _copy(swept: Path, tmp_path: Path, name: str) -> Path:
+    copy = tmp_path / name
+    shutil.copytree(swept, copy)
+    return copy
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("traces", "no traces"),
+    ("greedy", "no greedy configuration"),
+    ("unpaired", "no configuration shares a prompt and repetition with greedy"),
+    ("hierarchy", "validate a sweep with a profile of its own hierarchy"),
+    ("mixed", "is a paired sweep: validate it on its own"),
+])  # fmt: skip
+def test_bad_input_is_one_error_line(tiny_profile, swept, tmp_path, damage, message):
+    sweep, profile, extra = _copy(swept, tmp_path, "bad"), tiny_profile, []
+    if damage == "traces":
+        shutil.rmtree(sweep / "sd_L2" / "traces")
+    elif damage == "greedy":
+        shutil.rmtree(sweep / "greedy")
+    elif damage == "unpaired":
+        lines = (sweep / "greedy" / "samples.jsonl").read_text().replace('"prompt": "HumanEval/', '"prompt": "X/')
+        (sweep / "greedy" / "samples.jsonl").write_text(lines)
+    elif damage == "hierarchy":
+        raw = json.loads(tiny_profile.read_text())
+        raw["hierarchy"]["name"] = "tiny_k3"
+        profile = tmp_path / "k3.json"
+        profile.write_text(json.dumps(raw))
+    else:
+        extra = [str(swept / "greedy")]
+    done = _call("-m", "analysis.validate", str(profile), str(sweep), *extra, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+# ---- the statistics on hand-made numbers -----------------------------------------------------------------
+
+
+def test_spearman_with_and_without_ties():
+    assert va.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(1 - 6 * 2 / (4 * 15))
+    assert va.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert va.average_ranks([5.0, 1.0, 5.0, 3.0]) == [3.5, 1.0, 3.5, 2.0]
+    # ties: Pearson's correlation of the average ranks, by hand
+    x, y = [3.5, 1.0, 3.5, 2.0], [4.0, 1.0, 3.0, 2.0]
+    mx, my = sum(x) / 4, sum(y) / 4
+    expected = sum((a - mx) * (b - my) for a, b in zip(x, y)) / math.sqrt(
+        sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))  # fmt: skip
+    assert va.spearman([5.0, 1.0, 5.0, 3.0], [9.0, 1.0, 7.0, 2.0]) == pytest.approx(expected)
+    assert va.spearman([1, 2], [2, 1]) is None and va.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_the_top_pick_and_its_regret():
+    predicted = {"greedy": 1.0, "sd": 1.30, "pipespec": 1.20}
+    measured = {"greedy": 1.0, "sd": 1.10, "pipespec": 1.25}
+    assert va.top_pick(predicted, measured) == ("sd", 1.10, pytest.approx(1 - 1.10 / 1.25))
+    rank = va.ranking(predicted, measured)
+    assert rank.top_pick == "sd" and rank.spearman == pytest.approx(0.5)
+    assert va.top_pick({"a": 2.0, "b": 2.0}, {"a": 1.0, "b": 2.0})[0] == "a"  # a tie: the first
+    assert va.top_pick(measured, measured)[2] == 0.0
+
+
+def test_the_noise_floors():
+    assert va.repetition_spread([6.0, 9.0]) == pytest.approx(0.2) and va.repetition_spread([1.0]) is None
+    assert va.repetition_spread([2.0, None, 3.0]) == pytest.approx(0.2)
+    assert va.relative_half_width((0.9, 1.1), 1.0) == pytest.approx(0.1)
+    assert va.relative_error(1.2, 1.0) == pytest.approx(0.2) and va.relative_error(0.0, 0.0) == 0.0
+    assert va.relative_error(0.1, 0.0) is None and va.relative_error(None, 1.0) is None
+
+    def speedup(name, center, low, high, repetitions=3):
+        return PairedSpeedup(name, center, (low, high), (low, high), 4, repetitions, 4 * repetitions)
+
+    best, close, apart = speedup("a", 1.30, 1.25, 1.35), speedup("b", 1.27, 1.22, 1.31), speedup("c", 1.0, 0.95, 1.1)
+    assert va.regret_floor([best, close, apart]) == pytest.approx(1 - 1.27 / 1.30)  # b is not told apart from a
+    assert va.regret_floor([best, apart]) == 0.0
+    assert va.regret_floor([speedup("a", 1.3, 1.3, 1.3, 1), speedup("b", 1.0, 1.0, 1.0, 1)]) is None
+    # two repetitions of three configurations: greedy at 10 tokens/s, a and b swap places in the second
+    samples = [Sample(name, prompt, rep, 10, 10 / rate) for prompt in ("p", "q") for rep, rates in
+               enumerate([{"greedy": 10, "a": 12, "b": 14}, {"greedy": 10, "a": 15, "b": 13}])
+               for name, rate in rates.items()]  # fmt: skip
+    assert va.repetition_speedups(samples, 1) == pytest.approx({"greedy": 1.0, "a": 1.5, "b": 1.3})
+    assert va.repetition_agreement(samples, ["greedy", "a", "b"]) == pytest.approx(0.5)
+    assert va.repetition_agreement([s for s in samples if s.repetition == 0], ["greedy", "a", "b"]) is None
+    shown = va._figure(0.04, 0.5, 0.03, 0.06)
+    assert shown["met"] is True and shown["shown"] is False  # 3% is above a third of 6%
+    assert va._figure(0.9, 0.2, 0.05, 0.8, at_least=True)["shown"] is True  # 1 - rho 0.05 <= 0.2 / 3
+
+
+# ---- the acceptance's standard error and the prediction's interval -------------------------------------------
+
+
+def _hand_made_profile(runs: list[list[int]]) -> dict:
+    rates = [3 / 8, 1 / 3]  # what the walk over the runs below gives (checked in the test)
+    stage = {"kind": "hf", "step_s_alone": [0.01, 0.012, 0.014], "step_s_loaded": [0.011, 0.013, 0.015],
+             "prefill_s_per_token": 0.001}  # fmt: skip
+    return {"format": pf.FORMAT, "version": pf.VERSION, "hierarchy": {"name": "hand"}, "sample_ids": ["a", "b", "c"],
+            "dataset": "made", "prompt_tokens": [10, 10, 10], "handoff_s": 0.0,
+            "stages": [{"name": "draft", **stage, "step_s_alone": [0.002, 0.0025, 0.003]}, {"name": "target", **stage}],
+            "pairs": [{"drafter": "draft", "verifier": "target", "acceptance_by_position": rates, "proposal_rate": 1.0,
+                       "mean_proposal_length": 2.0, "runs": runs, "proposed": None}]}  # fmt: skip
+
+
+def test_acceptance_standard_error_from_the_prompt_to_prompt_spread():
+    """Three continuations, two draft positions. The walk offers (offered, accepted) at position 1: (2, 1),
+    (4, 0), (2, 2); at position 2: (1, 1), -, (2, 0). The ratio estimator's cluster standard error is
+    sqrt(C / (C - 1) * sum (a - r o)^2) / sum o."""
+    from experiments.profiling import acceptance_by_position
+
+    runs = [[2, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
+    walk = [pf.walk_counts(r, None, 2) for r in runs]
+    assert [(w.offered, w.accepted) for w in walk] == [((2, 1), (1, 1)), ((4, 0), (0, 0)), ((2, 2), (2, 0))]
+    assert acceptance_by_position(runs, None, 2)["acceptance_by_position"] == [3 / 8, 1 / 3]
+    pair = pf.parse_profile(_hand_made_profile(runs)).pairs[0]
+    first = math.sqrt(3 / 2 * ((1 - 0.75) ** 2 + (0 - 1.5) ** 2 + (2 - 0.75) ** 2)) / 8
+    second = math.sqrt(2 / 1 * ((1 - 1 / 3) ** 2 + (0 - 2 / 3) ** 2)) / 3
+    assert pair.acceptance_se_by_position == pytest.approx((first, second)) and pair.continuations == 3
+    assert "0.38+-0.30 0.33+-0.44 (standard errors over 3 prompts)" == pf.format_rates(pair)
+    single = pf.parse_profile({**_hand_made_profile(runs[:1]), "sample_ids": ["a"]}).pairs[0]
+    assert single.acceptance_se_by_position == (None, None)  # one prompt: no spread
+    with pytest.raises(pf.ProfileError, match="proposed"):
+        pf.parse_profile({**_hand_made_profile(runs), "pairs": [{**_hand_made_profile(runs)["pairs"][0],
+                                                                 "proposed": [[1]]}]})  # fmt: skip
+
+
+def test_the_prediction_carries_an_interval_over_the_profiles_prompts():
+    """sd reads each continuation alone: the interval is the prediction's seconds +- 1.96 standard errors of
+    the per-prompt seconds, each computed here from a profile holding that prompt's continuation only."""
+    runs = [[2, 0, 1, 0, 0, 2, 2, 1], [0, 0, 0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]]
+    profile = pf.parse_profile(_hand_made_profile(runs))
+    prediction = pr.predict_profile(profile, "sd", 2, tokens=16, prompt_tokens=10)
+    alone = [pr.predict_profile(pf.parse_profile(_hand_made_profile([r])), "sd", 2, tokens=16, prompt_tokens=10)
+             for r in runs]  # fmt: skip
+    half = 1.96 * statistics.stdev(p.seconds for p in alone) / math.sqrt(3)
+    expected = (16 / (prediction.seconds + half), 16 / (prediction.seconds - half))
+    assert prediction.tokens_per_s_interval == pytest.approx(expected)
+    low, high = prediction.tokens_per_s_interval
+    assert low < prediction.tokens_per_s < high
+    greedy = pr.predict_profile(profile, "greedy", tokens=16, prompt_tokens=10)
+    assert greedy.tokens_per_s_interval == (greedy.tokens_per_s, greedy.tokens_per_s) and greedy.speedup == 1.0
+    assert prediction.speedup == pytest.approx(prediction.tokens_per_s / greedy.tokens_per_s)
+    assert prediction.speedup_interval == pytest.approx((low / greedy.tokens_per_s, high / greedy.tokens_per_s))
+    # the prediction itself is what it was: the same seconds as the simulation's mean
+    assert pr.predict_profile(profile, "sd", 2, tokens=16, prompt_tokens=10).seconds == prediction.seconds
+    single = pr.predict_profile(pf.parse_profile(_hand_made_profile(runs[:1])), "sd", 2, tokens=16, prompt_tokens=10)
+    assert single.tokens_per_s_interval is None  # one prompt: no spread to carry
