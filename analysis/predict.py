@@ -31,7 +31,10 @@ the same. This predictor prices seconds and adds what the paper leaves out:
   drawn from its rates by draft position (`simulate.ByPosition`), or in runs as fitted on a run
   (`TwoRateAcceptance`: a draft that starts a run is accepted with alpha_first, one that continues an
   agreeing run with alpha_next);
-- start-up: the prompt prefill and the dispatch of a generate call, per sample (`Hierarchy.startup`).
+- start-up: the prompt prefill and the dispatch of a generate call, per sample (`Hierarchy.startup`);
+- token trees (`tree_nodes`): a model-free first stage's trees cost its verifier t(uncached + nodes), and
+  their accepted depth is read off the profile's tree measurements (`sim.TreeContinuations`); the sweep
+  adds every measured tree size where the first stage is model-free.
 
 Assumptions (each a known source of error): given its model, acceptance is independent of timing and
 of which stage drafted the token; step costs and contention are measured averages, background load
@@ -39,10 +42,15 @@ included; a stage's prefill costs ``prefill_s_per_token`` x prompt tokens.
 
 From a profile (`predict_profile`), the paper's model (Eq. 4 / Eq. 5, `analysis.fit.paper_tokens_per_s`)
 is given beside, with alpha the mean of the last pair's per-position rates and gamma the lookahead (sd)
-or max_lead. `--sweep` ranks greedy, sd windows `SD_WINDOWS` and pipespec `LOOKAHEADS` x `MAX_LEADS` on
-every subset of the stages that keeps the target (e.g. skipping the middle stage of a k = 3 hierarchy);
-a subset whose drafter/verifier pair the profile has no acceptance for (`skip_pairs`, older profiles) is
-left out with a note. `draft_confidence` is refused: the simulator has no model of a drafter's own
+or max_lead (its counts: `paper_profile_counts`). A profile's prediction carries its speedup over greedy
+and a 95% interval of both over the profile's prompts (`prompt_interval`: each simulated generation
+follows one prompt's continuation, so the prompt-to-prompt spread of their times is the acceptance's
+uncertainty carried through the schedule).
+
+`--sweep` ranks greedy, sd windows `SD_WINDOWS` and pipespec `LOOKAHEADS` x `MAX_LEADS` on every subset
+of the stages that keeps the target (e.g. skipping the middle stage of a k = 3 hierarchy); a subset
+whose drafter/verifier pair the profile has no acceptance for (`skip_pairs`, older profiles) is left out
+with a note. `draft_confidence` is refused: the simulator has no model of a drafter's own
 confidence.
 """
 
@@ -211,9 +219,10 @@ class Hierarchy:
         return self.positions if self.positions is not None else tuple(range(len(self.stages)))
 
     @classmethod
-    def from_profile(cls, profile: Profile, stages: Sequence[int] | None = None) -> Hierarchy:
+    def from_profile(cls, profile: Profile, stages: Sequence[int] | None = None, tree_nodes: int = 0) -> Hierarchy:
         """A profile's hierarchy (or the subset `stages` of it): each model stage's measured t(n) alone and
-        the contention of its one t(n) fit; acceptance along the profile's continuations."""
+        the contention of its one t(n) fit; acceptance along the profile's continuations (`tree_nodes` > 0:
+        the first, model-free stage proposes token trees of that size, `tree_acceptance`)."""
         stages = check_stages(profile, stages)
         pairs = subset_pairs(profile, stages)
         played = []
@@ -226,7 +235,10 @@ class Hierarchy:
             # measured t(n): not smooth on every CPU
             played.append(StageModel(stage.name, sim.TableCost(stage.step_s_alone), "model", stage.prefill_s_per_token,
                                      _fit(profile, i).contention))  # fmt: skip
-        return cls(tuple(played), tuple(acceptance(p) for p in pairs), profile.handoff_s,
+        accepting = [acceptance(p) for p in pairs]
+        if tree_nodes:
+            accepting[0] = tree_acceptance(profile, stages, tree_nodes)
+        return cls(tuple(played), tuple(accepting), profile.handoff_s,
                    seeds=tuple(range(_seeds(pairs))), startup=SIDE_BY_SIDE, end_at_budget=True,
                    positions=stages)  # fmt: skip
 
@@ -310,6 +322,15 @@ class Prediction:
     mean_acceptance_length: float | None  # target: tokens per verification, bonus included (None: idem)
     busy_fraction: tuple[float, ...]  # per stage run: busy share, mean over the simulated generations
     paper_predicted_tokens_per_s: float | None = None  # the paper's model beside (`predict_profile`)
+    # per verifier (every stage after the first): tokens per verification, bonus included, pooled over the
+    # simulated generations as a run's stage statistics pool them (None: it never verified)
+    acceptance_lengths: tuple[float | None, ...] = ()
+    # the 95% interval of tokens_per_s over the prompts the acceptance was measured on (`prompt_interval`;
+    # greedy: no acceptance, no width); None where the acceptance is not read off per-prompt continuations
+    tokens_per_s_interval: tuple[float, float] | None = None
+    speedup: float | None = None  # tokens_per_s over greedy's from the same profile (`predict_profile`)
+    speedup_interval: tuple[float, float] | None = None  # tokens_per_s_interval over greedy's tokens_per_s
+    tree_nodes: int = 0  # > 0: the model-free first stage proposes token trees of this size (`tree_acceptance`)
 
     @property
     def tokens_per_s(self) -> float:
@@ -406,15 +427,48 @@ def predict(hierarchy: Hierarchy, strategy: str, new_tokens: Sequence[int], prom
         raise ValueError(f"{strategy} needs at least two stages")
     seconds = startup = 0.0
     results: list[sim.SimResult] = []
+    per_seed: list[list[float]] = []  # per sample: the seconds of each of its simulated generations
     for index, (tokens, prompt) in enumerate(zip(new_tokens, prompts)):
         start = startup_s(hierarchy, strategy, lookahead, prompt)
         seeds = hierarchy.seeds[:1] if strategy == "greedy" else hierarchy.seeds  # greedy: no sampling
         runs = [simulate_generation(hierarchy, strategy, tokens, lookahead, max_lead, seed + s + index,
                                     size_verification) for s in seeds]  # fmt: skip
-        seconds += statistics.mean(time_s + start for time_s, _ in runs)
+        per_seed.append([time_s + start for time_s, _ in runs])
+        seconds += statistics.mean(per_seed[-1])
         startup += start
         results += [result for _, result in runs if result is not None]
-    return _prediction(hierarchy, strategy, lookahead, max_lead, sum(new_tokens), seconds, startup, results)
+    prediction = _prediction(hierarchy, strategy, lookahead, max_lead, sum(new_tokens), seconds, startup, results)
+    interval = (prediction.tokens_per_s,) * 2 if strategy == "greedy" else prompt_interval(hierarchy, seed, per_seed,
+                                                                                          prediction)  # fmt: skip
+    return replace(prediction, tokens_per_s_interval=interval)
+
+
+INTERVAL_Z = 1.96  # a 95% interval: the estimate +- 1.96 standard errors (normal approximation)
+
+
+def prompt_interval(hierarchy: Hierarchy, seed: int, per_seed: Sequence[Sequence[float]],
+                    prediction: Prediction) -> tuple[float, float] | None:  # fmt: skip
+    """The 95% interval of a prediction's tokens/s over the prompts its acceptance was measured on: each
+    simulated generation follows one prompt's continuation (`sim.AlongContinuations`: generation seed g
+    follows continuation g mod C), so the predicted seconds are a mean over the C prompts, and their
+    prompt-to-prompt spread gives its standard error, sd / sqrt(C) (the acceptance's standard errors by
+    position, `analysis.profile.acceptance_standard_errors`, carried through the schedule). None unless
+    every pair reads C >= 2 continuations and every sample's generations met each of them."""
+    counts = {len(a.runs) if isinstance(a, sim.AlongContinuations) else 0 for a in hierarchy.acceptance}
+    if len(counts) != 1 or min(counts) < 2:
+        return None
+    continuations = counts.pop()
+    totals = [0.0] * continuations  # per prompt: the summed seconds of every sample following it
+    for index, times in enumerate(per_seed):
+        groups: dict[int, list[float]] = {}
+        for s, time_s in zip(hierarchy.seeds, times):
+            groups.setdefault((seed + s + index) % continuations, []).append(time_s)
+        if len(groups) < continuations:
+            return None
+        for c, values in groups.items():
+            totals[c] += statistics.mean(values)
+    half = INTERVAL_Z * statistics.stdev(totals) / math.sqrt(continuations)
+    return prediction.tokens / (prediction.seconds + half), prediction.tokens / max(prediction.seconds - half, 1e-12)
 
 
 def _prediction(hierarchy: Hierarchy, strategy: str, lookahead: int, max_lead: int, tokens: int, seconds: float,
@@ -434,7 +488,15 @@ def _prediction(hierarchy: Hierarchy, strategy: str, lookahead: int, max_lead: i
         offered / verifications if verifications else None,
         _finite_mean([r.accepted_per_verify[-1] for r in results]),  # None: the target never verified
         tuple(statistics.mean(column) for column in zip(*(r.busy_fraction for r in results))),
+        acceptance_lengths=tuple(_pooled_length([r.accepted_counts[pair] for r in results])
+                                 for pair in range(len(hierarchy.stages) - 1)),
     )  # fmt: skip
+
+
+def _pooled_length(counts: Sequence[Sequence[int]]) -> float | None:
+    """Tokens per verification (own token included) over every verification of the generations."""
+    verifications = sum(len(c) for c in counts)
+    return sum(sum(c) for c in counts) / verifications if verifications else None
 
 
 def _finite_mean(values: Sequence[float]) -> float | None:
@@ -482,9 +544,36 @@ def acceptance(pair: PairProfile) -> sim.AlongContinuations | sim.ByPosition:
     return sim.ByPosition(pair.acceptance_by_position)
 
 
+def tree_acceptance(profile: Profile, stages: Sequence[int], tree_nodes: int) -> sim.TreeContinuations:
+    """The simulator's acceptance for a first, model-free stage proposing token trees of `tree_nodes` nodes:
+    the profile's tree measurement of that size (`analysis.profile.TreeRuns`), a `ConfigError` where the
+    first stage is a model or the profile did not measure that size."""
+    if isinstance(tree_nodes, bool) or not isinstance(tree_nodes, int) or tree_nodes < 0:
+        raise ConfigError(f"tree_nodes must be an integer >= 0 (0 = a chain), got {tree_nodes!r}")
+    first = profile.stages[stages[0]]
+    if not first.model_free:
+        raise ConfigError(f"tree_nodes is for a model-free first stage; {first.name} is a model")
+    pair = subset_pairs(profile, stages)[0]
+    measured = pair.tree(tree_nodes)
+    if measured is None:
+        sizes = [t.tree_nodes for t in pair.tree_runs]
+        raise ConfigError(f"the profile has no token trees of {tree_nodes} nodes for {pair.drafter} -> "
+                          f"{pair.verifier} (measured: {sizes or 'none'}; measure a profile again: "
+                          "python -m experiments.profile)")  # fmt: skip
+    return sim.TreeContinuations(measured.runs, pair.acceptance_by_position, measured.nodes)
+
+
 def _seeds(pairs: Sequence[PairProfile]) -> int:
     """Simulated generations: SEEDS, or one per profile continuation when there are more."""
     return max([SEEDS, *(len(p.runs) for p in pairs)])
+
+
+def paper_alpha_gamma(profile: Profile, stages: Sequence[int], strategy: str, lookahead: int,
+                      max_lead: int) -> tuple[float, int]:  # fmt: skip
+    """The paper model's alpha (the mean of the last pair's per-position rates) and gamma (the lookahead in
+    sd, max_lead in pipespec) for a configuration on the profile's `stages`."""
+    alpha = statistics.mean(subset_pairs(profile, stages)[-1].acceptance_by_position)
+    return alpha, lookahead if strategy == "sd" else max(max_lead, lookahead)
 
 
 def paper_profile_tokens_per_s(profile: Profile, hierarchy: Hierarchy, strategy: str, lookahead: int,
@@ -492,20 +581,39 @@ def paper_profile_tokens_per_s(profile: Profile, hierarchy: Hierarchy, strategy:
     """The paper's model for a profile's sd or pipespec configuration: alpha the mean of the last pair's
     per-position rates, gamma the lookahead (sd) or max_lead (pipespec), t(1) from the profile."""
     t_target = hierarchy.stages[-1].cost(1)
-    alpha = statistics.mean(subset_pairs(profile, hierarchy.stage_positions)[-1].acceptance_by_position)
-    gamma = lookahead if strategy == "sd" else max(max_lead, lookahead)
+    alpha, gamma = paper_alpha_gamma(profile, hierarchy.stage_positions, strategy, lookahead, max_lead)
     if not gamma:
         return 1.0 / t_target
     return paper_tokens_per_s(strategy, t_target, alpha, gamma, hierarchy.stages[-2].cost(1))
 
 
+def paper_profile_counts(profile: Profile, stages: Sequence[int], strategy: str, lookahead: int,
+                         max_lead: int) -> dict[str, float] | None:  # fmt: skip
+    """The paper model's timing-free counts of the target for an sd or pipespec configuration (alpha, gamma:
+    `paper_alpha_gamma`): tokens per verification (Eq. 1's verification term), target steps per generated
+    token (sd: every step a verification; pipespec: one over Eq. 4) and the verification fraction (sd 1,
+    pipespec Eq. 3's rho). None for greedy or a window of 0."""
+    from analysis import paper_model as pm
+
+    if strategy == "greedy":
+        return None
+    alpha, gamma = paper_alpha_gamma(profile, stages, strategy, lookahead, max_lead)
+    if not gamma:
+        return None
+    per_verify = pm.expected_tokens_per_verify(alpha, gamma)
+    per_step = per_verify if strategy == "sd" else pm.pipespec_tokens_per_step(alpha, gamma)
+    rho = 1.0 if strategy == "sd" else pm.steady_state_rho(alpha, gamma)
+    return {"mean_acceptance_length": per_verify, "target_steps_per_token": 1 / per_step, "verify_fraction": rho}
+
+
 def predict_profile(profile: Profile, strategy: str = "pipespec", lookahead: int = 0,
                     max_lead: int = DEFAULT_MAX_LEAD, tokens: int = 128, stages: Sequence[int] | None = None,
                     draft_confidence: float = 0.0, prompt_tokens: int | None = None, size_verification: bool = False,
-                    value_stop: float = 0.0) -> Prediction:  # fmt: skip
+                    value_stop: float = 0.0, tree_nodes: int = 0) -> Prediction:  # fmt: skip
     """The predicted throughput of one configuration from a profile, prompt processing included
     (`prompt_tokens` per generation; None: the profile's mean prompt length); `stages`: a subset of the
-    profile's (default all). The paper's model is given beside."""
+    profile's (default all); `tree_nodes` > 0: its model-free first stage proposes token trees of that
+    size (`tree_acceptance`). The paper's model is given beside (for chains)."""
     if draft_confidence or value_stop:
         check_options(strategy, len(profile.stages), lookahead, max_lead, draft_confidence, value_stop)
         what = "draft_confidence" if draft_confidence else "value_stop"
@@ -521,12 +629,25 @@ def predict_profile(profile: Profile, strategy: str = "pipespec", lookahead: int
     else:
         stages = check_stages(profile, stages)
         check_options(strategy, len(stages), lookahead, max_lead)
-    hierarchy = Hierarchy.from_profile(profile, stages)
+    tree_nodes = 0 if strategy == "greedy" else tree_nodes
+    hierarchy = Hierarchy.from_profile(profile, stages, tree_nodes)
     prediction = predict(hierarchy, strategy, [tokens], [prompt_tokens], lookahead, max_lead,
                          size_verification=size_verification)  # fmt: skip
     paper = prediction.tokens_per_s if strategy == "greedy" else (
         paper_profile_tokens_per_s(profile, hierarchy, strategy, lookahead, max_lead))  # fmt: skip
-    return replace(prediction, paper_predicted_tokens_per_s=paper)
+    prediction = with_speedup(replace(prediction, paper_predicted_tokens_per_s=paper), profile, prompt_tokens)
+    return replace(prediction, tree_nodes=tree_nodes)
+
+
+def with_speedup(prediction: Prediction, profile: Profile, prompt_tokens: int) -> Prediction:
+    """The prediction with its speedup over greedy (the target alone, the same tokens and prompt, from the
+    same profile) and that speedup's interval."""
+    greedy = prediction if prediction.strategy == "greedy" else predict(
+        Hierarchy.from_profile(profile, (len(profile.stages) - 1,)), "greedy", [prediction.tokens], [prompt_tokens])
+    base = greedy.tokens_per_s
+    interval = prediction.tokens_per_s_interval
+    return replace(prediction, speedup=prediction.tokens_per_s / base,
+                   speedup_interval=None if interval is None else (interval[0] / base, interval[1] / base))
 
 
 def stage_subsets(profile: Profile) -> tuple[list[tuple[int, ...]], list[str]]:
@@ -549,15 +670,27 @@ def stage_subsets(profile: Profile) -> tuple[list[tuple[int, ...]], list[str]]:
 
 
 def configurations(profile: Profile) -> tuple[list[dict], list[str]]:
-    """The sweep: greedy, then sd windows and pipespec lookahead x max_lead on every usable subset."""
+    """The sweep: greedy, then sd windows and pipespec lookahead x max_lead on every usable subset, each
+    with chains and, where the subset's first stage is model-free and the profile measured its token
+    trees, with every tree size measured (`tree_nodes`)."""
     subsets, notes = stage_subsets(profile)
     found = [{"strategy": "greedy", "lookahead": 0, "max_lead": DEFAULT_MAX_LEAD, "stages": None}]
     for stages in subsets:
-        found += [{"strategy": "sd", "lookahead": w, "max_lead": DEFAULT_MAX_LEAD, "stages": stages}
-                  for w in SD_WINDOWS]  # fmt: skip
-        found += [{"strategy": "pipespec", "lookahead": la, "max_lead": lead, "stages": stages}
-                  for la in LOOKAHEADS for lead in MAX_LEADS if lead >= la]  # fmt: skip
+        for trees in [0] + tree_sizes(profile, stages):
+            tree = {"tree_nodes": trees} if trees else {}
+            found += [{"strategy": "sd", "lookahead": w, "max_lead": DEFAULT_MAX_LEAD, "stages": stages, **tree}
+                      for w in SD_WINDOWS]  # fmt: skip
+            found += [{"strategy": "pipespec", "lookahead": la, "max_lead": lead, "stages": stages, **tree}
+                      for la in LOOKAHEADS for lead in MAX_LEADS if lead >= la]  # fmt: skip
     return found, notes
+
+
+def tree_sizes(profile: Profile, stages: Sequence[int]) -> list[int]:
+    """The token-tree sizes the profile measured for the first pair of `stages` (none: its drafter is a model,
+    or the profile has no tree measurements)."""
+    if not profile.stages[stages[0]].model_free:
+        return []
+    return sorted(t.tree_nodes for t in subset_pairs(profile, stages)[0].tree_runs)
 
 
 def sweep(profile: Profile, tokens: int = 128) -> tuple[list[Prediction], list[str]]:
@@ -579,7 +712,7 @@ def _flag(value: str) -> bool:
 
 _flag.__name__ = "true or false"
 OPTIONS = {"strategy": str, "lookahead": int, "max_lead": int, "tokens": int, "draft_confidence": float,
-           "size_verification": _flag, "value_stop": float}  # fmt: skip
+           "size_verification": _flag, "value_stop": float, "tree_nodes": int}  # fmt: skip
 
 
 def parse_options(items: Sequence[str]) -> dict:
@@ -598,6 +731,8 @@ def parse_options(items: Sequence[str]) -> dict:
 def prediction_record(p: Prediction) -> dict:
     """A prediction as the `--json` record: the configuration and throughput first, then the details."""
     record = asdict(p)
+    if not record["tree_nodes"]:  # chains: the record as before trees
+        del record["tree_nodes"]
     head = ("strategy", "lookahead", "max_lead", "stages", "stage_indices", "tokens")
     return {**{key: record.pop(key) for key in head}, "predicted_tokens_per_s": p.predicted_tokens_per_s,
             "ms_per_token": p.ms_per_token, "mean_acceptance_length": record.pop("mean_acceptance_length"),
@@ -605,11 +740,18 @@ def prediction_record(p: Prediction) -> dict:
             "paper_predicted_tokens_per_s": record.pop("paper_predicted_tokens_per_s"), **record}  # fmt: skip
 
 
+def _interval_text(p: Prediction) -> str:
+    """' (95% 15.2-18.9 over the profile's prompts)' where the prediction has a width, else ''."""
+    low, high = p.tokens_per_s_interval or (0.0, 0.0)
+    return f" (95% {low:.1f}-{high:.1f} over the profile's prompts)" if high > low else ""
+
+
 def format_prediction(p: Prediction) -> str:
     length = "-" if p.mean_acceptance_length is None else f"{p.mean_acceptance_length:.2f}"
     verify = "-" if p.verify_fraction is None else f"{p.verify_fraction:.2f}"
-    return (f"{p.strategy} lookahead {p.lookahead} max_lead {p.max_lead} ({' > '.join(p.stages)}): "
-            f"predicted {p.predicted_tokens_per_s:.1f} tokens/s ({p.ms_per_token:.1f} ms/token), "
+    tree = f" tree_nodes {p.tree_nodes}" if p.tree_nodes else ""
+    return (f"{p.strategy} lookahead {p.lookahead} max_lead {p.max_lead}{tree} ({' > '.join(p.stages)}): "
+            f"predicted {p.predicted_tokens_per_s:.1f} tokens/s{_interval_text(p)} ({p.ms_per_token:.1f} ms/token), "
             f"mean acceptance length {length}, verification fraction {verify}, target busy {p.target_busy:.0%}; "
             f"paper model {p.paper_predicted_tokens_per_s:.1f} tokens/s")  # fmt: skip
 

@@ -28,7 +28,9 @@ token at a position where its drafter already holds a (consistent) token,
 the two agree with probability alpha_i (the drafter's token would have been
 accepted); otherwise the drafter is rolled back. ``Replay`` instead replays a
 logged sequence of accepted counts (own token included) verification by
-verification: count k accepts min(k - 1, n) of the n offered drafts.
+verification: count k accepts min(k - 1, n) of the n offered drafts. ``AlongContinuations`` reads
+acceptance off a profile's continuations; ``TreeContinuations`` does for a verifier of a model-free
+drafter's token trees, whose step feeds the tree's nodes (its cost is t(uncached + nodes)).
 
 Strategies
 ----------
@@ -90,6 +92,7 @@ __all__ = [
     "Bernoulli",
     "Replay",
     "ByPosition",
+    "TreeContinuations",
     "RecordedSteps",
     "SimResult",
     "stage_view",
@@ -229,6 +232,42 @@ class _AlongSampler:
 
     def agrees(self, position: int = 0) -> bool:
         return self.runs[position % len(self.runs)] >= 1
+
+
+@dataclass(frozen=True)
+class TreeContinuations(AlongContinuations):
+    """A verifier checking a model-free drafter's token trees (`tree_nodes` > 0), read off real
+    continuations like ``AlongContinuations``: ``runs[c][j]`` is how deep the branch along continuation c
+    goes in the tree the drafter proposes at its position j (the drafts a tree verification keeps there),
+    ``nodes[c][j]`` how many nodes that tree holds (`experiments.profiling.tree_runs`). A verification at
+    position j of ``offered`` drafts (the tree's most likely path, which the drafter's buffer holds) keeps
+    min(offered, runs[c][j]) of them and feeds the tree's nodes[c][j] nodes (a chain's ``offered`` where
+    the measured tree was empty), so it costs t(uncached + nodes). The node counts are those measured at
+    the profile's proposal depth; a verifier sizing its verifications checks the whole tree here."""
+
+    nodes: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "nodes", tuple(tuple(int(n) for n in nodes) for nodes in self.nodes))
+        if [len(r) for r in self.runs] != [len(n) for n in self.nodes] or any(
+            n < r for runs, nodes in zip(self.runs, self.nodes) for r, n in zip(runs, nodes)
+        ):  # fmt: skip
+            raise ValueError("nodes needs one count >= its run per position of every continuation")
+
+    def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_TreeSampler":
+        index = seed % len(self.runs)
+        return _TreeSampler(self.runs[index], self.nodes[index])
+
+
+class _TreeSampler(_AlongSampler):
+    def __init__(self, runs: tuple[int, ...], nodes: tuple[int, ...]) -> None:
+        super().__init__(runs)
+        self.tree_nodes = nodes
+
+    def fed(self, offered: int, start: int = 0) -> int:
+        """The drafts a verification at ``start`` feeds: the tree's nodes (a chain's where it had none)."""
+        return (self.tree_nodes[start % len(self.tree_nodes)] or offered) if offered else 0
 
 
 AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, AlongContinuations, Sequence[int]]
@@ -684,7 +723,9 @@ class SimulatedStage:
         self.step_proposal = action.n if action.kind == PROPOSE else 1
         self.busy = True
         self.step_start = now
-        self.step_end = now + simulation.step_time(self.index, len(self.buffer) - self.cached + len(drafts))
+        sampler = self.acceptance
+        fed = sampler.fed(len(drafts), len(self.buffer)) if isinstance(sampler, _TreeSampler) else len(drafts)
+        self.step_end = now + simulation.step_time(self.index, len(self.buffer) - self.cached + fed)
         self.step_drafts = drafts
         if simulation.contention is not None:
             self.work_left = self.step_end - now  # scheduled by share_cores once everyone's state is known
@@ -826,11 +867,13 @@ class Simulation:
         self.supply = supply
         stage_roles = roles(strategy, len(costs), lookahead, max_lead, size_verification=size_verification,
                             cascade=cascade)  # fmt: skip
-        # what a sizing verifier knows: its t(n) and its drafter's acceptance by position (here, the true ones)
+        # what a sizing verifier knows: its t(n) and its drafter's acceptance by position (here, the true ones);
+        # a verifier of token trees checks the whole tree (`TreeContinuations`)
         self.sizing = [((), ())] + [
-            (tuple(_cost_table(costs[i])), _rates(acceptances[i - 1])) if size_verification else ((), ())
+            (tuple(_cost_table(costs[i])), _rates(acceptances[i - 1]))
+            if size_verification and not isinstance(acceptances[i - 1], TreeContinuations) else ((), ())
             for i in range(1, len(costs))
-        ]
+        ]  # fmt: skip
         self.step_time = _step_clock(costs)
         self.clock = 0.0  # with contention: when the stages' work_left was last brought up to date
         self.took = False  # a cascade passed drafts on during this pass of start_all

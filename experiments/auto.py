@@ -9,7 +9,8 @@
 The runner's `strategy=auto` and the bench's `auto` system make the same choice.
 
 The ranking is `analysis.predict.sweep` (greedy, sd windows, pipespec lookahead x max_lead, on every
-subset of the stages that keeps the target).
+subset of the stages that keeps the target; with a model-free first stage whose token trees the profile
+measured, every tree size too: the choice then sets that stage's `tree_nodes`).
 
 Without a profile, a short one (`experiments.profiling.SHORT_OPTIONS`, about a minute for SmolLM2) is
 measured once on the first prompts of the run's dataset (the API: the prompts given, else the first
@@ -47,18 +48,36 @@ class AutoChoice:
     runners_up: tuple[dict, ...]
     reason: str
     profile: str
+    tree_nodes: int = 0  # > 0: the first (model-free) stage proposes token trees of this size
 
     def record(self) -> dict[str, Any]:
-        """What summary.json records under `auto`."""
+        """What summary.json records under `auto` (`tree_nodes` only where it chose token trees)."""
         chosen = {"strategy": self.strategy, "lookahead": self.lookahead, "max_lead": self.max_lead,
-                  "stages": list(self.stages)}  # fmt: skip
+                  "stages": list(self.stages), **({"tree_nodes": self.tree_nodes} if self.tree_nodes else {})}
         return {"chosen": chosen, "predicted_tokens_per_s": self.predicted_tokens_per_s,
                 "runners_up": list(self.runners_up), "reason": self.reason, "profile": self.profile}  # fmt: skip
 
 
+    def specs(self, specs: Sequence[StageSpec]) -> tuple[StageSpec, ...]:
+        """The chosen stages of `specs` (the whole hierarchy), the first with the chosen `tree_nodes`."""
+        return chosen_specs(specs, self.stages, self.tree_nodes)
+
+
+def chosen_specs(specs: Sequence[StageSpec], stages: Sequence[int], tree_nodes: int = 0) -> tuple[StageSpec, ...]:
+    """The stages at positions `stages` of `specs`, the first proposing token trees of `tree_nodes` (> 0)."""
+    from dataclasses import replace
+
+    chosen = [specs[i] for i in stages]
+    if tree_nodes:
+        chosen[0] = replace(chosen[0], tree_nodes=tree_nodes)
+    return tuple(chosen)
+
+
 def _candidate(prediction) -> dict[str, Any]:
+    trees = {"tree_nodes": prediction.tree_nodes} if prediction.tree_nodes else {}
     return {"strategy": prediction.strategy, "lookahead": prediction.lookahead, "max_lead": prediction.max_lead,
-            "stages": list(prediction.stage_indices), "predicted_tokens_per_s": prediction.predicted_tokens_per_s}
+            "stages": list(prediction.stage_indices), **trees,
+            "predicted_tokens_per_s": prediction.predicted_tokens_per_s}
 
 
 def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
@@ -92,7 +111,7 @@ def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
         reason += "; " + "; ".join(notes)
     return AutoChoice(best.strategy, best.lookahead, best.max_lead, tuple(best.stage_indices),
                       best.predicted_tokens_per_s, tuple(_candidate(p) for p in ranked[1 : 1 + RUNNERS_UP]),
-                      reason, str(profile.path))  # fmt: skip
+                      reason, str(profile.path), best.tree_nodes)  # fmt: skip
 
 
 # ---- the cached short profile ------------------------------------------------------------------------
@@ -133,18 +152,22 @@ def default_prompts(tokenizer, context_length: int | None, count: int) -> tuple[
 
 def ensure_profile(specs: Sequence[StageSpec], hierarchy: str, prompts: Callable[[], tuple[str, list]],
                    log=print) -> Path:  # fmt: skip
-    """The cached short profile of `specs` on the first `SHORT_PROMPTS` of `prompts()` -> (dataset name,
-    [(sample id, prompt ids)]), measured (and cached) first if there is none."""
-    from experiments.profiling import SHORT_OPTIONS, SHORT_PROMPTS, measure_profile
+    """The cached short profile of `specs` on the first prompts of `prompts()` -> (dataset name,
+    [(sample id, prompt ids)]), measured (and cached) first if there is none: on `SHORT_PROMPTS` of them, or
+    `SHORT_PROMPTS_WITH_COSTS` where the stages' step costs are in the cost cache (`short_profile_prompts`)."""
+    from experiments.profiling import (SHORT_OPTIONS, SHORT_PROMPTS, SHORT_PROMPTS_WITH_COSTS, measure_profile,
+                                       short_profile_prompts)  # fmt: skip
     from analysis.rundir import atomic_write_json
 
-    dataset, chosen = prompts()
-    chosen = chosen[:SHORT_PROMPTS]
+    dataset, found = prompts()
+    for count in (SHORT_PROMPTS_WITH_COSTS, SHORT_PROMPTS):  # one measured before, on either count
+        path = cached_profile_path(specs, hierarchy, dataset, found[:count])
+        if path.exists():
+            return path
+    chosen = found[: short_profile_prompts(specs)]
     path = cached_profile_path(specs, hierarchy, dataset, chosen)
-    if path.exists():
-        return path
     log(f"auto: no profile of {hierarchy} on {dataset} on this machine: measuring a short one (cached in {path})")
-    profile = measure_profile(specs, hierarchy, chosen, SHORT_OPTIONS, dataset=dataset, log=log)
+    profile = measure_profile(specs, hierarchy, chosen, SHORT_OPTIONS, dataset=dataset, log=log, cost_cache=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, profile)
     return path
@@ -190,11 +213,11 @@ def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | N
         raise ConfigError("give strategy auto a profile or profile_prompts to measure one on, not both")
 
     def prompts():
-        from experiments.profiling import SHORT_PROMPTS
+        from experiments.profiling import SHORT_PROMPTS_WITH_COSTS
 
         tokenizer = check_shared_vocabulary(specs)
         if profile_prompts is None:
-            return default_prompts(tokenizer, context_length(specs[-1].model), SHORT_PROMPTS)
+            return default_prompts(tokenizer, context_length(specs[-1].model), SHORT_PROMPTS_WITH_COSTS)
         return "given prompts", [(f"prompt-{i}", _prompt_ids(p, tokenizer)) for i, p in enumerate(profile_prompts)]
 
     return choose(specs, profile_path, None, prompts)
@@ -227,6 +250,6 @@ class AutoPipeline(Pipeline):
         specs = [StageSpec.from_any(s) for s in stages]
         choice = choose_for_pipeline(specs, profile, options.get("draft_confidence", 0.0),
                                      options.get("value_stop", 0.0), profile_prompts)  # fmt: skip
-        super().__init__([specs[i] for i in choice.stages], choice.strategy, choice.lookahead, choice.max_lead,
+        super().__init__(list(choice.specs(specs)), choice.strategy, choice.lookahead, choice.max_lead,
                          **options)  # fmt: skip
         self.auto = choice

@@ -139,7 +139,7 @@ def check_call(call: CallOptions, stages: tuple[StageSpec, ...]) -> None:
         check_auto_options(call.draft_confidence, call.value_stop)
         call = replace(call, strategy="pipespec" if len(stages) > 1 else "greedy", lookahead=0,
                        max_lead=DEFAULT_MAX_LEAD)  # fmt: skip
-    call.plan([s.kind for s in stages], [s.label for s in stages])
+    call.plan([s.kind for s in stages], [s.label for s in stages], [s.tree_nodes for s in stages])
 
 
 def check_profile(strategy: Mapping[str, Any]) -> str | None:
@@ -198,9 +198,13 @@ class RunConfig:
         return self.stages[-1]
 
     def chosen(self, choice) -> "RunConfig":
-        """This run at an `experiments.auto.AutoChoice`: its stages, strategy, lookahead and max_lead."""
+        """This run at an `experiments.auto.AutoChoice`: its stages (the first with the chosen tree size),
+        strategy, lookahead and max_lead."""
         call = replace(self.call, strategy=choice.strategy, lookahead=choice.lookahead, max_lead=choice.max_lead)
-        return replace(self, stages=tuple(self.stages[i] for i in choice.stages), call=call)
+        from experiments.auto import chosen_specs
+
+        stages = chosen_specs(self.stages, choice.stages, getattr(choice, "tree_nodes", 0))
+        return replace(self, stages=stages, call=call)
 
     def pipeline_options(self) -> dict[str, Any]:
         """The `Pipeline` keyword arguments of this run: its call options as the calls' defaults, and the

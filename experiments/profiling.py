@@ -11,7 +11,9 @@
   in `skip_pairs`, for hierarchies that leave a stage out), along the verifier's own greedy
   continuation of each prompt: at every position, how many drafts in a row the drafter gets right
   from there (`runs`; a model drafter's from one pass of one-token steps, `model_runs`; a model-free
-  drafter's proposal there and its length, `proposal_runs`). The simulator reads acceptance off
+  drafter's proposal there and its length, `proposal_runs`; a model-free drafter's token trees at each
+  of `TREE_SIZES` nodes too, `tree_runs`: how deep the branch along the continuation goes, and the
+  tree's nodes). The simulator reads acceptance off
   these (`analysis.simulate.AlongContinuations`). From them, acceptance by draft position along the
   walk decoding takes: the next draft starts after the accepted prefix and the verifier's own token.
   Position p's rate is the share of drafts accepted there among those whose earlier positions were
@@ -26,16 +28,24 @@
 (2 * max_fed * (repeats + 2) steps per model stage) + prompts * continuation steps of each verifier
 and of each model drafter per pair. `costs_from` reuses another profile's step costs, prefill
 and handoff (same machine and stages) and measures only acceptance: acceptance depends on the
-prompts, costs on the machine.
+prompts, costs on the machine. The cost cache does the same without being asked (`measure_profile`'s
+`cost_cache`, on in `python -m experiments.profile` and the short profile): one cost sweep per CPU,
+libraries, stages (threads and kernels included) and cost options (`cost_key`), kept under
+`pipespec.cache.cache_root() / "costs"`, so a profile of the same stages on other prompts spends its
+time on acceptance (the short profile then on `SHORT_PROMPTS_WITH_COSTS` prompts instead of
+`SHORT_PROMPTS`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import multiprocessing
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pipespec.drafters import common_prefix
@@ -71,6 +81,9 @@ class ProfileOptions:
 # handoff is not measured (a pipeline's start, about 10 s, for about 1 ms a hop here): predicted with none.
 SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=4, continuation=32, draft_k=6, handoff_tokens=0)
 SHORT_PROMPTS = 4
+# with its step costs in the cost cache (`cached_costs`), the short profile spends the same minute on
+# acceptance alone: twice the prompts (the cost sweep took about half of it)
+SHORT_PROMPTS_WITH_COSTS = 8
 
 
 # ---- step costs -------------------------------------------------------------------------------------
@@ -260,6 +273,33 @@ def proposal_runs(propose, prompt: Sequence[int], continuation: Sequence[int], k
     return runs, proposed
 
 
+TREE_SIZES = (4, 8, 16)  # the tree_nodes a model-free drafter's token trees are measured at (`tree_runs`)
+
+
+def tree_runs(propose_tree, prompt: Sequence[int], continuation: Sequence[int], k: int,
+              max_nodes: int) -> tuple[list[int], list[int]]:  # fmt: skip
+    """A model-free drafter's token tree at every position j of `continuation` (`propose_tree(sequence,
+    max_nodes, depth)`, at most `k` deep): how deep its branch along the continuation goes (the drafts a
+    greedy tree verification keeps there: the verifier follows the child holding its own token), and how
+    many nodes the tree holds."""
+    runs, nodes = [], []
+    for j in range(len(continuation)):
+        tree = propose_tree(list(prompt) + list(continuation[:j]), max_nodes, min(k, len(continuation) - j))
+        runs.append(len(tree.follow(continuation[j:])))
+        nodes.append(len(tree))
+    return runs, nodes
+
+
+def measure_trees(drafter, ids: Sequence[Sequence[int]], continuation: Sequence[Sequence[int]],
+                  draft_k: int) -> list[dict]:  # fmt: skip
+    """A pair's `tree_runs`: the model-free `drafter`'s trees (`tree_runs`) at every size of `TREE_SIZES`."""
+    entries = []
+    for size in TREE_SIZES:
+        found = [tree_runs(drafter.propose_tree, p, c, draft_k, size) for p, c in zip(ids, continuation)]
+        entries.append({"tree_nodes": size, "runs": [r for r, _ in found], "nodes": [n for _, n in found]})
+    return entries
+
+
 def _runs(right: Sequence[bool]) -> list[int]:
     runs = [0] * (len(right) + 1)
     for j in range(len(right) - 1, -1, -1):
@@ -269,30 +309,18 @@ def _runs(right: Sequence[bool]) -> list[int]:
 
 def acceptance_by_position(runs: Sequence[Sequence[int]], proposed: Sequence[Sequence[int]] | None,
                            draft_k: int) -> dict:  # fmt: skip
-    """Acceptance by draft position along the decoding walk, from per-position runs (`model_runs`,
-    `proposal_runs`; `proposed` None: a model drafter always drafts `draft_k`): per position, drafts
-    offered there (all earlier ones accepted) and accepted; how often the drafter proposed anything and
-    the mean proposal length. Drafts start where decoding would draft again: after the accepted prefix
-    and the verifier's own token (the correction, or the bonus token), or one token on when the drafter
-    had nothing."""
-    offered = [0] * draft_k
-    accepted = [0] * draft_k
-    proposals = lengths = starts = 0
-    for c, along in enumerate(runs):
-        start = 0
-        while start < len(along) - 1:
-            k = min(draft_k, len(along) - start)
-            k = k if proposed is None else min(k, proposed[c][start])
-            run = min(along[start], k)
-            starts += 1
-            proposals += k > 0
-            lengths += k
-            for p in range(k):
-                offered[p] += 1
-                if p >= run:
-                    break
-                accepted[p] += 1
-            start += run + 1
+    """Acceptance by draft position along the decoding walk (`analysis.profile.walk_counts`: drafts start
+    after the accepted prefix and the verifier's own token, or one token on when the drafter had nothing),
+    from per-position runs (`model_runs`, `proposal_runs`; `proposed` None: a model drafter always drafts
+    `draft_k`), pooled over the continuations: per position, drafts offered there (all earlier ones
+    accepted) and accepted; how often the drafter proposed anything and the mean proposal length."""
+    from analysis.profile import walk_counts
+
+    walks = [walk_counts(along, None if proposed is None else proposed[c], draft_k) for c, along in enumerate(runs)]
+    offered = [sum(w.offered[p] for w in walks) for p in range(draft_k)]
+    accepted = [sum(w.accepted[p] for w in walks) for p in range(draft_k)]
+    starts, proposals = sum(w.starts for w in walks), sum(w.proposals for w in walks)
+    lengths = sum(w.proposed_tokens for w in walks)
     rates = [a / o if o else None for a, o in zip(accepted, offered)]
     return {
         "acceptance_by_position": rates, "offered_by_position": offered, "accepted_by_position": accepted,
@@ -347,6 +375,72 @@ def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tu
     return reused, costs_from.get("handoff_s")
 
 
+# ---- the cost cache: one step-cost sweep per machine, libraries, stages and cost options ---------------------
+
+
+COSTS_FORMAT = "pipespec-step-costs"
+COST_OPTIONS = ("max_fed", "repeats", "verify_fed")  # the options a cost sweep is measured with
+
+
+def cost_key(specs: Sequence[StageSpec], options: ProfileOptions) -> dict:
+    """What a profile's step costs depend on, as the kernel choice's key (`pipespec.kernels.choice_key`): the
+    CPU, the libraries, every stage (what a profile records of it, threads and resolved kernels included,
+    and a model stage's model directory and config), the cost sweep's options, and whether the handoff was
+    measured."""
+    from pipespec.kernels import choice_key
+    from pipespec.specs import MODEL_FREE_KINDS
+
+    machine = machine_facts(specs)
+    stages = [{**stage_identity(spec), **({} if spec.kind in MODEL_FREE_KINDS else
+               {key: choice_key(spec)[key] for key in ("model", "config")})} for spec in specs]  # fmt: skip
+    return {"cpu": machine["cpu"], "libraries": machine["libraries"], "stages": stages,
+            "options": {name: getattr(options, name) for name in COST_OPTIONS},
+            "handoff": bool(options.handoff_tokens) and len(specs) >= 2}  # fmt: skip
+
+
+def cost_cache_path(key: dict) -> Path:
+    """Where the step costs of `key` (`cost_key`) are cached: `pipespec.cache.cache_root() / "costs"`."""
+    from pipespec.cache import cache_root
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return cache_root() / "costs" / f"{digest}.json"
+
+
+def cached_costs(specs: Sequence[StageSpec], options: ProfileOptions) -> dict | None:
+    """The cached step costs of these stages on this machine with these cost options, as a profile's JSON
+    that `reused_costs` takes (with its "path" and "measured_at"); None when there are none."""
+    from analysis.profile import FORMAT
+
+    key = cost_key(specs, options)
+    path = cost_cache_path(key)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(record, dict) and record.get("format") == COSTS_FORMAT and record.get("key") == key):
+        return None
+    return {"format": FORMAT, "path": str(path), "machine": record.get("machine"), "stages": record.get("stages"),
+            "handoff_s": record.get("handoff_s"), "measured_at": record.get("measured_at")}  # fmt: skip
+
+
+def store_costs(specs: Sequence[StageSpec], options: ProfileOptions, profile: dict) -> str:
+    """Cache the step costs, prefill and handoff of a freshly measured `profile` (its JSON); the file's path."""
+    from analysis.rundir import atomic_write_json
+
+    key = cost_key(specs, options)
+    path = cost_cache_path(key)
+    atomic_write_json(path, {"format": COSTS_FORMAT, "key": key, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                             "machine": profile["machine"], "stages": profile["stages"],
+                             "handoff_s": profile["handoff_s"]})  # fmt: skip
+    return str(path)
+
+
+def short_profile_prompts(specs: Sequence[StageSpec]) -> int:
+    """How many prompts the short profile (`SHORT_OPTIONS`) of these stages measures acceptance on here:
+    `SHORT_PROMPTS_WITH_COSTS` when its step costs are cached, else `SHORT_PROMPTS`."""
+    return SHORT_PROMPTS_WITH_COSTS if cached_costs(specs, SHORT_OPTIONS) is not None else SHORT_PROMPTS
+
+
 def measure_acceptance(stages: list[dict], drafters: Sequence, runners: dict, ids: Sequence[Sequence[int]],
                        options: ProfileOptions, log=print) -> tuple[list[dict], list[dict]]:
     """The profile's `pairs` (adjacent) and `skip_pairs` (a drafter with a later verifier): each pair's runs
@@ -367,6 +461,8 @@ def measure_acceptance(stages: list[dict], drafters: Sequence, runners: dict, id
             pair = {"drafter": stages[d]["name"], "verifier": stages[v]["name"], "drafter_index": d,
                     "verifier_index": v, **acceptance_by_position(runs, proposed, options.draft_k),
                     "runs": runs, "proposed": proposed}  # fmt: skip
+            if drafters[d] is not None:  # a model-free drafter: its token trees too
+                pair["tree_runs"] = measure_trees(drafters[d], ids, continuation, options.draft_k)
             (pairs if d == v - 1 else skip_pairs).append(pair)
     return pairs, skip_pairs
 
@@ -437,10 +533,13 @@ def measure_profile(
     dataset: str | None = None,
     log=print,
     costs_from: dict | None = None,
+    cost_cache: bool = False,
 ) -> dict:
     """The profile (a JSON-ready dict) of `specs`, smallest first, on `prompts` = [(sample id, ids)].
     `costs_from`: another profile's JSON (with its "path"), whose step costs, prefill and handoff are
-    reused (`reused_costs`); only acceptance is measured then."""
+    reused (`reused_costs`); only acceptance is measured then. `cost_cache`: without `costs_from`, reuse
+    the cached cost sweep of these stages on this machine (`cached_costs`) where there is one, and cache
+    freshly measured costs (`store_costs`)."""
     from analysis.profile import FORMAT, VERSION  # the reader's: one definition for both
     from pipespec.drafters import build_drafter
 
@@ -448,6 +547,11 @@ def measure_profile(
         raise ConfigError("a profile needs at least one prompt")
     started = time.perf_counter()
     ids = [list(map(int, p)) for _, p in prompts]
+    if costs_from is None and cost_cache:
+        costs_from = cached_costs(specs, options)
+        if costs_from is not None:
+            log(f"profile: step costs, prefill and handoff from the cost cache {costs_from['path']} (measured "
+                f"{costs_from['measured_at']}; cost_cache=false measures them again)")  # fmt: skip
     machine = machine_facts(specs)
     drafters = [build_drafter(spec) for spec in specs]  # None for a model stage
     model_stages = [i for i, d in enumerate(drafters) if d is None]
@@ -463,10 +567,13 @@ def measure_profile(
     if reused is None and options.handoff_tokens and len(specs) >= 2:
         log("profile: handoff latency (a short sd run)")
         handoff = handoff_s(specs, ids[0], options.handoff_tokens)
-    return {
+    profile = {
         "format": FORMAT, "version": VERSION, "hierarchy": {"name": hierarchy, "stages": [s["name"] for s in stages]},
         "machine": machine, "dataset": dataset, "sample_ids": [sample_id for sample_id, _ in prompts],
         "prompt_tokens": [len(p) for p in ids], "options": asdict(options),
         "costs_from": None if costs_from is None else costs_from.get("path"), "stages": stages, "pairs": pairs,
         "skip_pairs": skip_pairs, "handoff_s": handoff, "duration_s": time.perf_counter() - started,
     }  # fmt: skip
+    if cost_cache and reused is None:
+        log(f"profile: step costs cached in {store_costs(specs, options, profile)}")
+    return profile

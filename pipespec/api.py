@@ -55,7 +55,7 @@ from pipespec.models import (
     eos_token_ids,
     resolved_kernels,
 )
-from pipespec.specs import StageSpec
+from pipespec.specs import StageSpec, check_tree_nodes
 from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
 from pipespec.options import CallOptions, CallPlan, check_timeout
 from pipespec.schedule import DEFAULT_MAX_LEAD
@@ -192,7 +192,7 @@ class Pipeline:
             size_verification=size_verification, cascade=cascade, value_stop=value_stop, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, acceptance=acceptance, synthetic_rates=synthetic_rates,
         )  # fmt: skip
-        self.defaults.plan(self.stage_kinds, self.stage_labels)
+        self.defaults.plan(self.stage_kinds, self.stage_labels, self.stage_trees)
         check_timeout("start_timeout_s", start_timeout_s)
         check_timeout("stall_timeout_s", stall_timeout_s)
         self.start_timeout_s, self.stall_timeout_s = start_timeout_s, stall_timeout_s
@@ -200,6 +200,8 @@ class Pipeline:
         self.tokenizer = check_shared_vocabulary(self.specs)
         self.eos_ids = eos_token_ids(self.specs[-1].model)
         self.context_length = context_length(self.specs[-1].model)
+        for spec in self.specs:
+            check_tree_nodes(spec, self.context_length)
         self.names = self._stage_names()
         self.processes: list = []
         self.transport = None
@@ -225,6 +227,11 @@ class Pipeline:
     @property
     def stage_labels(self) -> list[str]:
         return [s.label for s in self.specs]
+
+    @property
+    def stage_trees(self) -> list[int]:
+        """Each stage's `tree_nodes` (a model-free stage proposing token trees: > 0)."""
+        return [s.tree_nodes for s in self.specs]
 
     @property
     def strategy(self) -> str:
@@ -486,7 +493,7 @@ class Pipeline:
         Safe from several threads: calls are served one at a time, each exactly as if it were alone
         (`timeout_s` also bounds the wait for its turn). `submit` queues calls instead."""
         call = self.defaults.merged(**options)
-        plan = call.plan(self.stage_kinds, self.stage_labels)  # every option checked before the call waits
+        plan = call.plan(self.stage_kinds, self.stage_labels, self.stage_trees)  # checked before the call waits
         with self._turn(call.timeout_s):
             result = self._generate(prompt, max_new_tokens, call, plan)
             if self._terminating:  # the launcher stops the job: another rank failed

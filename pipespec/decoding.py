@@ -3,13 +3,16 @@
 `model_step` is the only thing a model stage ever does: one forward pass over
 its pending committed tokens plus the offered drafts, the shared verify rule
 (`pipespec.verify.VerifyRule`), and a cache crop back to exactly the tokens
-that stay committed. A plain decode step is a `model_step` with no drafts.
+that stay committed. A plain decode step is a `model_step` with no drafts. `tree_step` is the same
+over a model-free drafter's token tree (`pipespec.drafters.tree`): one pass over the pending tokens and
+every node, the tree rule, and a cache that keeps exactly the accepted path.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+from pipespec.drafters.tree import DraftTree
 from pipespec.models import CausalLMRunner
 from pipespec.verify import TokenDist, VerifyRule
 
@@ -21,6 +24,7 @@ class Step(NamedTuple):
     probs: object  # torch.Tensor of accepted + 1 rows when sampling (what each emitted token follows), else None
     confidence: list[float] | None = None  # the stage's own probability of each emitted token, when asked for
     margins: list[float] | None = None  # top-2 logit margin of the row that decided each emitted token, when asked
+    kept: list[int] | None = None  # a tree step: the tokens of the accepted path (a chain's are drafts[:accepted])
 
 
 GREEDY_RULE = VerifyRule()
@@ -48,15 +52,46 @@ def model_step(
     logits = runner.forward(sequence, drafts)
     verdict = rule.decide(drafts, draft_dists, logits)
     runner.truncate(len(sequence) + verdict.accepted)
-    if runner.cached_length() != runner.cache_length:  # cheap guard against off-by-one rollbacks
-        raise RuntimeError(f"KV cache holds {runner.cached_length()} tokens, expected {runner.cache_length}")
-    confidence = None
-    if with_confidence:
-        emitted = list(drafts[: verdict.accepted]) + [verdict.token]
-        rows = verdict.probs if verdict.probs is not None else logits[: len(emitted)].float().softmax(-1)
-        confidence = [float(rows[i, token]) for i, token in enumerate(emitted)]
+    _check_cache(runner)
+    emitted = list(drafts[: verdict.accepted]) + [verdict.token]
+    confidence = own_confidence(emitted, verdict.probs, logits[: len(emitted)]) if with_confidence else None
     margins = top2_margins(logits[: verdict.accepted + 1]) if with_margins else None
     return Step(verdict.accepted, verdict.token, fed, verdict.probs, confidence, margins)
+
+
+def tree_step(
+    runner: CausalLMRunner,
+    sequence: Sequence[int],
+    tree: DraftTree,
+    rule: VerifyRule = GREEDY_RULE,
+    with_confidence: bool = False,
+    with_margins: bool = False,
+) -> Step:
+    """Verify the token `tree` rooted after `sequence` with `rule` (`VerifyRule.decide_tree`), as `model_step`
+    verifies a chain: afterwards the cache holds `sequence` + the accepted path; the own token is pending.
+    `fed` counts the pending tokens and every node; `kept` holds the accepted path's tokens."""
+    fed = len(sequence) - runner.cache_length + len(tree)
+    logits = runner.forward_tree(sequence, tree)
+    verdict = rule.decide_tree(tree, logits)
+    runner.keep_path(verdict.path)
+    _check_cache(runner)
+    kept = tree.path_tokens(verdict.path)
+    rows = logits[verdict.rows]  # the rows that decided each emitted token
+    confidence = own_confidence(kept + [verdict.token], verdict.probs, rows) if with_confidence else None
+    margins = top2_margins(rows) if with_margins else None
+    return Step(verdict.accepted, verdict.token, fed, verdict.probs, confidence, margins, kept)
+
+
+def _check_cache(runner: CausalLMRunner) -> None:
+    if runner.cached_length() != runner.cache_length:  # cheap guard against off-by-one rollbacks
+        raise RuntimeError(f"KV cache holds {runner.cached_length()} tokens, expected {runner.cache_length}")
+
+
+def own_confidence(emitted: Sequence[int], probs, logits) -> list[float]:
+    """The stage's own probability of each emitted token: the distribution it sampled from (`probs`), or
+    the softmax of the logits row that decided it when greedy."""
+    rows = probs if probs is not None else logits.float().softmax(-1)
+    return [float(rows[i, token]) for i, token in enumerate(emitted)]
 
 
 def top2_margins(logits) -> list[float]:

@@ -3,9 +3,9 @@ a stage runs it with.
 
 The model primitives follow gpt-fast: explicit positions and an explicit KV
 cache whose length is tracked beside it. A `CausalLMRunner` holds the K/V of a
-prefix of the committed sequence; `verify` feeds the rest of that sequence plus
-the offered drafts in one forward pass and crops the cache back to exactly the
-tokens that stay committed.
+prefix of the committed sequence; `forward` feeds the rest of that sequence plus
+the offered drafts in one forward pass and `truncate` crops the cache back to exactly the
+tokens that stay committed (`forward_tree` and `keep_path` do the same for a token tree).
 """
 
 from __future__ import annotations
@@ -235,6 +235,7 @@ class CausalLMRunner:
         self.device = next(model.parameters()).device if any(True for _ in model.parameters()) else "cpu"
         self.cache = None
         self.cache_length = 0
+        self.tree_base = 0  # after `forward_tree`: the length of the sequence its tree extends
 
     def start(self) -> None:
         from transformers import DynamicCache
@@ -272,6 +273,72 @@ class CausalLMRunner:
             )
         self.cache_length += len(fed)
         return out.logits[0].float()
+
+    def forward_tree(self, sequence: Sequence[int], tree):
+        """Logits after the last committed token and after each node of the token `tree`
+        (`pipespec.drafters.tree.DraftTree`, rooted after `sequence`): len(tree) + 1 rows.
+
+        Feeds `sequence[cache_length:]` at their positions and every node at position len(sequence) +
+        its depth - 1, with a 4D additive mask under which each node sees the committed prefix and its
+        own ancestors only (the model takes a 4D mask as it is; sdpa and eager attention add it). The
+        cache then holds every node: `keep_path` keeps the accepted path's.
+        """
+        import torch
+
+        pending = list(sequence[self.cache_length :])
+        if not pending:
+            raise RuntimeError("the last committed token must not be in the cache yet")
+        base, past = len(sequence), self.cache_length
+        depths = tree.depths()
+        input_ids = torch.tensor([pending + list(tree.tokens)], dtype=torch.long, device=self.device)
+        positions = list(range(past, base)) + [base + d - 1 for d in depths]
+        mask = self._tree_mask(past, len(pending), tree)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=len(tree) + 1,
+            )
+        self.cache_length += input_ids.shape[1]
+        self.tree_base = base
+        return out.logits[0].float()
+
+    def _tree_mask(self, past: int, pending: int, tree):
+        """(1, 1, pending + nodes, past + pending + nodes) additive float mask: 0 where a fed token may
+        attend (the cached prefix, the pending tokens causally, a node's ancestors and itself), the
+        dtype's minimum elsewhere."""
+        import torch
+
+        dtype = getattr(self.model, "dtype", torch.float32)  # the attention's: float16 / bfloat16 on GPUs
+        fed = pending + len(tree)
+        allowed = torch.zeros(fed, past + fed, dtype=torch.bool)
+        allowed[:, : past + pending] = True
+        allowed[:pending, past : past + pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
+        for i, parent in enumerate(tree.parents):
+            row = pending + i
+            if parent != -1:
+                allowed[row, past + pending : past + fed] = allowed[pending + parent, past + pending : past + fed]
+            allowed[row, past + row] = True
+        mask = torch.zeros(fed, past + fed, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        return mask[None, None].to(self.device)
+
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        """After `forward_tree`: keep the K/V of the committed prefix and of the accepted path's `nodes`
+        (root to leaf) only, moved to the positions right after the prefix, and crop the rest."""
+        import torch
+
+        base = self.tree_base
+        if nodes:
+            source = torch.tensor([base + n for n in nodes], dtype=torch.long)
+            with torch.inference_mode():
+                for layer in self.cache.layers:  # transformers' DynamicCache layers: [batch, heads, tokens, dim]
+                    for name in ("keys", "values"):
+                        states = getattr(layer, name)  # a split model's layers live on several devices
+                        states[..., base : base + len(nodes), :] = states.index_select(-2, source.to(states.device))
+        self.truncate(base + len(nodes))
 
     def cached_length(self) -> int:
         """The cache's own idea of its length (tests compare it with `cache_length`)."""

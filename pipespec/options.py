@@ -65,8 +65,10 @@ class CallOptions:
             given["cascade"] = False  # a pipeline's cascade default is for its pipespec calls
         return replace(self, **given)
 
-    def plan(self, stage_kinds: Sequence[str], stage_labels: Sequence[str] | None = None) -> CallPlan:
-        """Check every option against the stages (their kinds, smallest first) and return what they run."""
+    def plan(self, stage_kinds: Sequence[str], stage_labels: Sequence[str] | None = None,
+             stage_trees: Sequence[int] | None = None) -> CallPlan:  # fmt: skip
+        """Check every option against the stages (their kinds, smallest first; `stage_trees`: each stage's
+        `tree_nodes`, None: all 0) and return what they run."""
         n = len(stage_kinds)
         check_timeout("timeout_s", self.timeout_s, optional=True)
         if not isinstance(self.forget_outputs, bool):
@@ -81,7 +83,27 @@ class CallOptions:
         seed = secrets.randbits(63) if self.seed is None else self.seed  # recorded: the call can be replayed
         sampling = check_sampling(self.temperature, self.top_k, self.top_p, seed)
         acceptance = check_acceptance(self.acceptance, self.synthetic_rates, n, sampling)
+        self.check_trees(stage_trees, stage_kinds, stage_labels or stage_kinds)
         return CallPlan(stage_roles, sampling, acceptance)
+
+    def check_trees(self, stage_trees: Sequence[int] | None, kinds: Sequence[str], names: Sequence[str]) -> None:
+        """Token trees (`tree_nodes` > 0) are verified by the tree rule, which covers point-mass drafts only:
+        refused from a model stage (its drafts follow its distribution, not a point mass), with synthetic
+        acceptance (no tree rule) and with the cascade (its model stage would pass a tree on as a chain)."""
+        trees = [name for name, nodes in zip(names, stage_trees or ()) if nodes]
+        models = [name for name, kind, nodes in zip(names, kinds, stage_trees or ()) if nodes and kind not in
+                  MODEL_FREE_KINDS]  # fmt: skip
+        if models:
+            raise ConfigError(f"stage option 'tree_nodes' is for model-free stages: stage {models[0]} is a model, "
+                              "whose drafts are not point masses")  # fmt: skip
+        if not trees or self.strategy == "greedy":
+            return
+        if self.acceptance == "synthetic":
+            raise ConfigError(f"stage option 'tree_nodes' (stage {trees[0]}) cannot run with acceptance='synthetic': "
+                              "synthetic acceptance has no rule for token trees (set tree_nodes 0)")  # fmt: skip
+        if self.cascade:
+            raise ConfigError(f"stage option 'tree_nodes' (stage {trees[0]}) cannot run with cascade: the cascade "
+                              "passes proposals on as chains (set tree_nodes 0 or cascade false)")  # fmt: skip
 
 
 def check_timeout(name: str, value, optional: bool = False) -> None:

@@ -7,7 +7,8 @@ Ranks: 0 is the driver (the user's process), stage i is rank i + 1.
 driver -> stage:   Generate(job), Shutdown()
 stage -> driver:   Ready(stage, pid), Trace(stage, request, trace), Result(stage, request, tokens),
                    Failed(stage, kind, text, detail, waited_for)
-stage -> stage:    Drafts (downstream), Commit (upstream), Done (target -> every active stage)
+stage -> stage:    Drafts (downstream, with a token tree where the drafter proposes trees), Commit
+                   (upstream), Done (target -> every active stage)
 transport -> self: LinkBroken(text), put in the inbox when the link to a peer breaks
 
 `Drafts` and `Commit` carry a stage's whole generated buffer (at most
@@ -110,13 +111,17 @@ class Failed:
 class Drafts:
     """Downstream: the sender's whole buffer, whether it will produce more without hearing back, how
     many commits it has taken in (so a verifier can tell a stale "not coming" from a fresh one), and
-    its distributions (None at temperature 0 and under synthetic acceptance): (floor, offset, list)."""
+    its distributions (None at temperature 0 and under synthetic acceptance): (floor, offset, list).
+    `tree`: a model-free drafter proposing token trees (`tree_nodes` > 0) sends (root, DraftTree), its
+    tree rooted after the first `root` tokens of `buffer` (which holds the tree's most likely path);
+    a verifier whose buffer ends exactly there verifies the tree instead of the chain."""
 
     request: int
     buffer: list[int]
     more_coming: bool
     commits_seen: int
     dists: tuple | None = None
+    tree: tuple | None = None  # (root, pipespec.drafters.tree.DraftTree), or None
 
 
 @dataclass(frozen=True)

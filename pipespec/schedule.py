@@ -20,6 +20,10 @@ decides, per stage, when to step:
   one-token step when there are none. Every verifier commits upstream after
   each step, so rejections cascade to the first stage.
 
+Token trees (a model-free first stage with `tree_nodes` > 0, sd and pipespec) change no decision here:
+the drafter's buffer holds its tree's most likely path, so leads and waits count that chain, and a
+verifier offered drafts verifies the tree rooted at its buffer's end instead (`tree_size` sizes it).
+
 `cascade` (pipespec, a model-free first stage and at least three stages; after
 CS Drafting's cascade): the stage behind the model-free drafter passes every
 proposal on as its own drafts without a forward pass (TAKE), and drafts with its
@@ -266,6 +270,24 @@ def verify_size(drafts: int, acceptance, costs, uncached: int = 1) -> int:
         rate = expected_tokens(n, acceptance) / step_cost(costs, uncached + n)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = n, rate
+    return best
+
+
+def tree_size(probs, costs, uncached: int = 1) -> int:
+    """How many of a token tree's nodes to verify in one pass, its most likely first (0: a one-token step):
+    `verify_size`'s rule over a tree. Each node adds its chance of lying on the verifier's path, its
+    estimated probability `probs` (the drafter's continuation shares), to the expected tokens
+    1 + sum(kept probs); the size with the most of them per second of t(uncached + n) wins (ties: the
+    larger). The most likely nodes of a tree form a tree (a node is never likelier than its parent)."""
+    ranked = sorted(probs, reverse=True)
+    expected = 1.0 + sum(ranked)
+    best, best_rate = len(ranked), -1.0
+    for n in range(len(ranked), -1, -1):
+        rate = expected / step_cost(costs, uncached + n)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = n, rate
+        if n:
+            expected -= ranked[n - 1]
     return best
 
 

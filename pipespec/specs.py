@@ -45,6 +45,7 @@ class StageSpec:
     confidence: float = 0.0  # suffix: stop once the product of continuation shares falls below (0 = off)
     max_index_tokens: int = 65536  # suffix: tokens of earlier outputs + corpus kept (oldest outputs evicted)
     corpus: list | None = None  # suffix: files or folders (.py/.txt/.md) tokenized with `model`'s tokenizer
+    tree_nodes: int = 0  # prompt_lookup, suffix: propose token trees of up to N nodes (0 = a chain)
     extra: dict = field(default_factory=dict)  # passed to from_pretrained (e.g. device_map)
     params_b: float | None = None  # declared size in billions: plan mode's estimate when weights are not local
 
@@ -88,6 +89,7 @@ class StageSpec:
         """Check every option; `check_devices=False` (plan mode) skips asking whether the devices exist."""
         if self.kind not in KINDS:
             raise ConfigError(f"stage kind must be one of {list(KINDS)}, got {self.kind!r}")
+        check_tree_nodes(self)
         if self.vocab_limit is not None and self.kind != "hf":
             raise ConfigError(
                 f"stage option 'vocab_limit' is for model stages (kind 'hf'): a {self.kind} stage has no lm_head"
@@ -136,6 +138,20 @@ class StageSpec:
                     )
         if self.threads < 1:
             raise ConfigError(f"stage option 'threads' must be >= 1, got {self.threads}")
+
+
+def check_tree_nodes(spec: StageSpec, context: int | None = None) -> None:
+    """`tree_nodes`: an integer >= 0, for model-free stages only (their proposals are point masses, which the
+    tree rule verifies), and no larger than the target's `context` (tokens) where it is known."""
+    value = spec.tree_nodes
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"stage option 'tree_nodes' must be an integer >= 0 (0 = a chain), got {value!r}")
+    if value and spec.kind not in MODEL_FREE_KINDS:
+        raise ConfigError(f"stage option 'tree_nodes' is for model-free stages ({' or '.join(MODEL_FREE_KINDS)}): "
+                          f"stage {spec.label!r} is a model, whose drafts are verified as a chain")  # fmt: skip
+    if value and context is not None and value >= context:
+        raise ConfigError(f"stage option 'tree_nodes' ({value}) of stage {spec.label!r} does not fit the target's "
+                          f"context of {context} tokens")  # fmt: skip
 
 
 def _check_nf4(devices: Sequence[str], present: bool) -> None:

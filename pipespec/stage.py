@@ -30,6 +30,18 @@ match after a rollback, a token the drafter adopted from the verifier) ends
 the run. A draft offered this way is always one the verifier has not checked
 before: to see position j again its buffer must have been rolled back to a
 prefix that differs from the one it checked j after.
+
+Token trees. A model-free drafter with `tree_nodes` > 0 proposes a tree (`propose_tree`,
+`pipespec.drafters.tree`) and appends its most likely path to its buffer, so the buffer, the lead and
+the schedule stay what they are for a chain. Beside the buffer it holds the tree, rooted where the
+tree's first proposal started (a later proposal from the path's end is grafted below it), and sends its
+`tree_nodes` most likely nodes with every "drafts" message. A commit that the drafter's buffer extends
+moves the root along the tree (its subtree there); any other commit drops the tree. A verifier whose
+buffer ends exactly at the tree's root (and is the drafter's buffer up to there) verifies the tree
+instead of the chain (`decoding.tree_step`), sized by `schedule.tree_size` where it sizes its
+verifications; its commit is its buffer as after a chain, and the drafter adopts the accepted branch
+whether it was the drafter's own path or not. A step's trace row counts every node in `fed` and the
+tree's depth as `offered`.
 """
 
 from __future__ import annotations
@@ -42,8 +54,8 @@ import traceback
 from typing import Any, Sequence
 
 from pipespec import buffers, schedule
-from pipespec.decoding import final_output, model_step
-from pipespec.drafters import build_drafter, common_prefix
+from pipespec.decoding import final_output, model_step, tree_step
+from pipespec.drafters import DraftTree, build_drafter, common_prefix
 from pipespec.gpu import stage_sampler
 from pipespec.models import CausalLMRunner, load_model
 from pipespec.specs import StageSpec
@@ -72,6 +84,7 @@ class StageEngine:
         self.spec = spec
         self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
         self.runner = None if self.lookup is not None else CausalLMRunner(load_model(spec))
+        self.tree_nodes = spec.tree_nodes if self.lookup is not None else 0  # > 0: proposes token trees
         self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
         self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests
         self.kept = schedule.VerifyHistory()  # a drafter: how many of its drafts the next stage kept, by position
@@ -110,6 +123,8 @@ class StageRequest:
         self.upstream_buffer: list[int] = []  # the drafter's buffer as last published
         self.upstream_dists: dict[int, TokenDist] = {}  # the drafter's distributions by position
         self.upstream_more = self.role.has_upstream
+        self.tree: tuple[int, DraftTree] | None = None  # a tree-proposing drafter: (root, its tree)
+        self.upstream_tree: tuple[int, DraftTree] | None = None  # the drafter's last published (root, tree)
         self.commits_sent = 0
         self.commits_received = 0
         self.downstream_committed = 0  # length of the next stage's buffer at its last commit
@@ -128,6 +143,7 @@ class StageRequest:
         self.log("got", message)
         if isinstance(message, Drafts):
             self.upstream_buffer = message.buffer
+            self.upstream_tree = message.tree
             if message.dists is not None:
                 self.take_dists(*message.dists)
             # a "not coming" sent before our latest commit arrived says nothing about now
@@ -166,6 +182,7 @@ class StageRequest:
         (`common`: the length of the two buffers' common prefix, when known)."""
         if common is None:
             common = common_prefix(self.out, verifier_buffer)
+        self.follow_tree(verifier_buffer, common)
         change = buffers.adopt(len(self.out), len(verifier_buffer), common)
         if change.rolled_back:
             self.trace.note_rollback(change.rolled_back)
@@ -176,6 +193,30 @@ class StageRequest:
         for i in range(self.dists_pruned, min(self.downstream_committed, len(self.dists))):
             self.dists[i] = None  # never offered again (see the module docstring): free the memory
         self.dists_pruned = max(self.dists_pruned, self.downstream_committed)
+
+    def follow_tree(self, verifier_buffer: list[int], common: int) -> None:
+        """Keep this drafter's token tree for the buffer it holds after a commit: where its buffer extends
+        the commit, the tree rooted at the commit's end (its subtree there) once the commit passes the
+        root; where the commit rolls it back or is ahead of it, no tree."""
+        if self.tree is None:
+            return
+        root, tree = self.tree
+        if common < len(verifier_buffer):
+            self.tree = None
+        elif len(verifier_buffer) > root:
+            below = tree.subtree(verifier_buffer[root:])
+            self.tree = (len(verifier_buffer), below) if below else None
+
+    def grow_tree(self, tree: DraftTree) -> None:
+        """A tree proposed after the buffer's end: grafted below the leaf of the tree's most likely path
+        where the buffer ends there, else the tree, rooted at the buffer's end."""
+        if self.tree is not None:
+            root, held = self.tree
+            path = held.best_path()
+            if path and root + len(path) == len(self.out):
+                self.tree = (root, held.graft(path[-1], tree))
+                return
+        self.tree = (len(self.out), tree)
 
     def replace_tail(self, common: int, verifier_buffer: list[int]) -> None:
         """Take the verifier's tokens from `common` on; it needs no distribution for its own tokens."""
@@ -208,7 +249,8 @@ class StageRequest:
     def publish(self, more_coming: bool) -> None:
         if self.downstream_rank is None:
             return
-        state = (tuple(self.out), more_coming, self.commits_received)
+        tree = None if self.tree is None else (self.tree[0], self.tree[1].pruned(max_nodes=self.engine.tree_nodes))
+        state = (tuple(self.out), more_coming, self.commits_received, tree)
         if state != self.last_published:
             self.last_published = state
             dists = None
@@ -216,9 +258,8 @@ class StageRequest:
                 offset = max(self.dists_unsent_from, self.downstream_committed)
                 dists = (self.downstream_committed, offset, self.dists[offset:])
                 self.dists_unsent_from = len(self.out)
-            self.transport.send(
-                self.downstream_rank, Drafts(self.job.request, list(self.out), more_coming, self.commits_received, dists)
-            )
+            message = Drafts(self.job.request, list(self.out), more_coming, self.commits_received, dists, tree)
+            self.transport.send(self.downstream_rank, message)
 
     # ---- scheduling -------------------------------------------------------
     def lead_confidence(self) -> float:
@@ -235,6 +276,28 @@ class StageRequest:
         limit = None if dists is None else len(dists)
         drafts = buffers.offered_drafts(n, upstream, extends, job.max_new_tokens, job.eos_ids, limit)
         return drafts, dists[: len(drafts)] if dists is not None else None
+
+    def available_tree(self) -> DraftTree | None:
+        """The drafter's token tree when it is rooted exactly at this stage's buffer's end and the drafter's
+        buffer is this stage's up to there; cut at room - 1 tokens deep and below an EOS (as
+        `buffers.offered_drafts` cuts a chain). None: verify the chain."""
+        if self.upstream_tree is None:
+            return None
+        root, tree = self.upstream_tree
+        n = len(self.out)
+        if root != n or self.upstream_buffer[:n] != self.out:
+            return None
+        tree = tree.pruned(max_depth=max(self.job.max_new_tokens - n - 1, 0), stop_tokens=self.job.eos_ids)
+        return tree if len(tree) else None
+
+    def sized_tree(self, tree: DraftTree) -> DraftTree | None:
+        """A sizing verifier checks the tree's `schedule.tree_size` most likely nodes (None: a one-token
+        step) once it has measured its t(n); otherwise the whole tree."""
+        costs = self.engine.history.step_costs() if self.role.size_verification else ()
+        if not costs:
+            return tree
+        n = schedule.tree_size(tree.probs, costs)
+        return tree.pruned(max_nodes=n) if n else None
 
     def upstream_dists_from(self, position: int) -> list[TokenDist]:
         """The drafter's distributions from `position` on, up to its first token without one."""
@@ -285,40 +348,58 @@ class StageRequest:
         """(schedule.STEP | PROPOSE, payload) to act, (FINISH, None), or (IDLE | WAIT, None) to wait."""
         drafts, dists = self.available_drafts() if self.role.has_upstream else ([], None)
         action = schedule.next_action(self.role, self.view(len(drafts)))
-        if action.kind == schedule.PROPOSE:
-            proposal = self.engine.lookup.propose(self.job.prompt_ids + self.out, action.n)
-            return (schedule.PROPOSE, proposal) if proposal else (schedule.IDLE, None)
+        if action.kind == schedule.PROPOSE:  # a list of tokens, or a tree (its most likely path joins the buffer)
+            proposal = self.proposal(action.n)
+            return (schedule.PROPOSE, proposal) if len(proposal) else (schedule.IDLE, None)
+        if action.kind == schedule.STEP and drafts and (tree := self.available_tree()) is not None:
+            tree = self.sized_tree(tree)  # the tree instead of the chain (None: a one-token step)
+            return action.kind, (tree if tree is not None else [], None)
         if action.kind in (schedule.STEP, schedule.TAKE):  # a sizing verifier may check only the first action.n
             return action.kind, (drafts[: action.n], dists[: action.n] if dists is not None else None)
         return action.kind, None
+
+    def proposal(self, limit: int) -> list[int] | DraftTree:
+        """A model-free drafter's next tokens (at most `limit` deep): a chain, or a tree (`tree_nodes` > 0)."""
+        sequence, lookup = self.job.prompt_ids + self.out, self.engine.lookup
+        if not self.engine.tree_nodes:
+            return lookup.propose(sequence, limit)
+        return lookup.propose_tree(sequence, self.engine.tree_nodes, limit)
 
     def step(self, kind: str, payload) -> None:
         self.log("step", kind, payload if kind == schedule.PROPOSE else payload[0], "out", self.out)
         started = time.perf_counter()
         if kind == schedule.PROPOSE:
+            proposal = payload
+            if isinstance(payload, DraftTree):
+                self.grow_tree(payload)
+                proposal = payload.path_tokens(payload.best_path())
             # a deterministic proposal: each token's distribution is a point mass on it
-            self.extend(payload, [point_mass(t) for t in payload] if self.rule.uses_dists else None)
-            self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(payload))
+            self.extend(proposal, [point_mass(t) for t in proposal] if self.rule.uses_dists else None)
+            self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(proposal))
             return
-        drafts, draft_dists = payload
+        drafts, draft_dists = payload  # a chain, or a token tree
         if kind == schedule.TAKE:  # a cascade passes its model-free drafter's proposal on: no forward pass
             self.extend(drafts, draft_dists)
             self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(drafts))
             return
-        sequence = self.job.prompt_ids + self.out
-        step = model_step(
-            self.engine.runner, sequence, drafts, draft_dists, self.rule, with_confidence=self.role.stop_below > 0,
-            with_margins=self.role.is_target,
-        )
-        self.extend(drafts[: step.accepted] + [step.token], step.probs, step.confidence)
+        sequence, options = self.job.prompt_ids + self.out, self.step_options()
+        if isinstance(drafts, DraftTree):
+            step = tree_step(self.engine.runner, sequence, drafts, self.rule, **options)
+            kept, offered = step.kept, drafts.depth
+        else:
+            step = model_step(self.engine.runner, sequence, drafts, draft_dists, self.rule, **options)
+            kept, offered = drafts[: step.accepted], len(drafts)
+        self.extend(kept + [step.token], step.probs, step.confidence)
         self.margins.extend(step.margins or [])
         self.engine.history.record_step(step.fed, time.perf_counter() - started)
-        if drafts:
-            self.engine.history.record_verification(len(drafts), step.accepted)
-        step_kind = "verify" if drafts else ("single" if self.role.has_upstream or self.role.is_target else "draft")
-        self.trace.record(
-            started, time.perf_counter(), step_kind, step.fed, len(drafts), step.accepted, step.accepted + 1
-        )
+        if offered:
+            self.engine.history.record_verification(offered, step.accepted)
+        step_kind = "verify" if offered else ("single" if self.role.has_upstream or self.role.is_target else "draft")
+        self.trace.record(started, time.perf_counter(), step_kind, step.fed, offered, step.accepted, step.accepted + 1)
+
+    def step_options(self) -> dict:
+        """What a model step returns beside its tokens: its own confidence (draft_confidence), margins (target)."""
+        return {"with_confidence": self.role.stop_below > 0, "with_margins": self.role.is_target}
 
     # ---- loop -------------------------------------------------------------
     def run(self, receive) -> list[int] | None:

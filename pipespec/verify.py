@@ -20,6 +20,13 @@ How drafts are kept (`VerifyRule.decide`):
   all are kept the bonus token is drawn from p. Every emitted token is then
   distributed exactly as p given the tokens before it, so the output follows
   the target's sampling distribution whatever the drafters are.
+- a token tree (`VerifyRule.decide_tree`; a model-free drafter's several continuations, each a point
+  mass, `pipespec.drafters.tree`): row 0 of the verifier's logits follows its pending tokens, row
+  1 + j node j. From the root, the verifier's own token at the current row is its argmax (greedy) or a
+  draw from p (sampling); if a child of the current node holds it, that child is accepted and the walk
+  goes on from it, else the walk stops and that token is the own token. Greedy, this is exactly greedy
+  decoding; sampling, every emitted token is a draw from p, so it follows p whatever the tree (for
+  point-mass drafts this is speculative sampling: a single child x is kept with probability p(x)).
 - acceptance "synthetic" (benchmarking only, not lossless): each offered draft
   is kept by a seeded coin with a fixed probability, whatever the tokens; the
   own token is the verifier's argmax (like vLLM's synthetic rejection sampler).
@@ -53,6 +60,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from pipespec.drafters.tree import DraftTree
 from pipespec.errors import ConfigError
 
 ACCEPTANCE_MODES = ("exact", "synthetic")
@@ -254,6 +262,43 @@ def speculative_verify(
     return Verdict(n, _draw(probs[n], generator), probs[: n + 1])
 
 
+class TreeVerdict(NamedTuple):
+    path: list[int]  # the accepted nodes, root to leaf
+    token: int  # the verifier's own next token
+    probs: torch.Tensor | None  # len(path) + 1 rows: the distribution each emitted token follows; None unless sampling
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+    @property
+    def rows(self) -> list[int]:
+        """The logits rows that decided each emitted token: the root's, then each accepted node's."""
+        return [0] + [node + 1 for node in self.path]
+
+
+def tree_verify(tree: DraftTree, verifier_logits: torch.Tensor, draw=None, check_drafts: bool = True) -> TreeVerdict:
+    """Walk `tree` from the root (`VerifyRule.decide_tree`): at each node the own token is `draw(row)` (None:
+    the argmax of its logits row); the child holding it is accepted, else the walk ends with that token.
+    `check_drafts=False` follows the most likely child without looking (a wrong rule, for tests)."""
+    if verifier_logits.shape[0] != len(tree) + 1:
+        raise ValueError(f"verifier_logits has {verifier_logits.shape[0]} rows, expected {len(tree) + 1}")
+    children = tree.children()
+    predictions = None if draw is not None else verifier_logits.argmax(dim=-1).tolist()
+    path: list[int] = []
+    while True:
+        row = path[-1] + 1 if path else 0
+        here = children[row]
+        if not check_drafts and here:
+            path.append(here[0])
+            continue
+        token = predictions[row] if draw is None else draw(row)
+        child = next((c for c in here if tree.tokens[c] == token), None)
+        if child is None:
+            return TreeVerdict(path, token, None)
+        path.append(child)
+
+
 def synthetic_verify(
     draft_tokens: Sequence[int], verifier_logits: torch.Tensor, rate: float, coins: random.Random
 ) -> Verdict:
@@ -307,3 +352,14 @@ class VerifyRule:
         return speculative_verify(
             draft_tokens, draft_dists or [], verifier_logits, self.sampling, self.generator, self.check_drafts
         )
+
+    def decide_tree(self, tree: DraftTree, verifier_logits: torch.Tensor) -> TreeVerdict:
+        """The rule over a model-free drafter's token tree (the module docstring); synthetic acceptance has
+        no tree rule (`pipespec.options.CallOptions.plan` refuses trees with it)."""
+        if self.acceptance.mode == "synthetic":
+            raise ConfigError("acceptance 'synthetic' has no rule for token trees (tree_nodes > 0)")
+        if not self.uses_dists:
+            return tree_verify(tree, verifier_logits, check_drafts=self.check_drafts)
+        probs = sampling_probs(verifier_logits.detach().cpu(), self.sampling)
+        verdict = tree_verify(tree, verifier_logits, lambda row: _draw(probs[row], self.generator), self.check_drafts)
+        return verdict._replace(probs=probs[verdict.rows])

@@ -2,6 +2,9 @@
 
 - `propose(sequence, limit) -> list[int]`: the tokens the drafter guesses follow
   `sequence` (prompt + output so far), at most `limit` (and its own cap);
+- `propose_tree(sequence, max_nodes, max_depth=None) -> DraftTree`: several continuations at once, a
+  token tree of at most `max_nodes` nodes, at most `max_depth` deep (`pipespec.drafters.tree`), for a
+  stage with `tree_nodes` > 0;
 - `observe_output(prompt_ids, output_ids)`: a request ended with this final
   output of the target (the suffix drafter indexes it; prompt lookup ignores it);
 - `forget_outputs()`: drop every earlier output (a benchmark's repetitions stay independent).
@@ -10,6 +13,8 @@
 from __future__ import annotations
 
 from typing import Protocol, Sequence
+
+from pipespec.drafters.tree import DraftTree
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -22,6 +27,8 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class Drafter(Protocol):
     def propose(self, sequence: Sequence[int], limit: int) -> list[int]: ...
+
+    def propose_tree(self, sequence: Sequence[int], max_nodes: int, max_depth: int | None = None) -> DraftTree: ...
 
     def observe_output(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None: ...
 

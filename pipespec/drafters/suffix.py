@@ -10,7 +10,9 @@ suffix tree: at each step it takes the continuation seen most often among the
 occurrences still agreeing (ties: the most recent), and multiplies its
 confidence by that continuation's share. It stops at `limit`, when no
 occurrence continues, when the chosen continuation was seen fewer than
-`min_count` times, or once the confidence falls below `confidence`.
+`min_count` times, or once the confidence falls below `confidence`. `propose_tree` keeps every
+continuation instead: a token tree (`pipespec.drafters.tree`) grown best-first by each node's
+estimated probability, the product of the shares along its path, up to a node budget.
 
 The index holds three kinds of documents:
 - the current request's sequence (prompt + output so far), indexed
@@ -35,11 +37,14 @@ the most recent occurrence.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from pathlib import Path
 from typing import Sequence
 
 from pipespec.drafters.base import common_prefix
+from pipespec.drafters.tree import ROOT as ROOT_NODE, DraftTree
 from pipespec.errors import ConfigError
 from pipespec.specs import check_suffix_options
 
@@ -201,6 +206,36 @@ class SuffixDrafter:
         limit = min(limit, self.max_proposal)
         if limit <= 0 or not sequence:
             return []
+        found = self._occurrences(sequence)
+        if found is None:
+            return []
+        n, sources = found
+        proposal = self._walk(sources, limit)
+        self.last_match = n if proposal else 0
+        return proposal
+
+    def propose_tree(self, sequence: Sequence[int], max_nodes: int, max_depth: int | None = None) -> DraftTree:
+        """Several continuations at once: from the occurrences of the longest matching suffix, the tree of
+        their continuations grown best-first by each node's estimated probability (the product of the
+        continuation shares along its path) up to `max_nodes` nodes, at most `max_depth` deep (and
+        `max_proposal`); `min_count` and `confidence` prune nodes as they stop a proposal. Its most
+        likely path is `propose`'s chain (where the nodes reach that far)."""
+        self.last_match = 0
+        depth = min(self.max_proposal if max_depth is None else max_depth, self.max_proposal)
+        if depth <= 0 or max_nodes <= 0 or not sequence:
+            return DraftTree()
+        found = self._occurrences(sequence)
+        if found is None:
+            return DraftTree()
+        n, sources = found
+        tree = self._grow(sources, depth, max_nodes)
+        self.last_match = n if len(tree) else 0
+        return tree
+
+    def _occurrences(self, sequence: Sequence[int]) -> tuple[int, list] | None:
+        """(n, sources) for the longest suffix of `sequence` (n tokens, at least `min_match`) found in the
+        index: its occurrences to walk forward from, at most max_candidates (the most recent) as
+        (buffer, base, end, positions), oldest source first; None when no suffix is found."""
         self._sync_local(sequence)
         local_tokens = self.local_tokens
         end = len(local_tokens)
@@ -211,7 +246,7 @@ class SuffixDrafter:
             if any(found):
                 break
         else:
-            return []
+            return None
         # at most max_candidates occurrences, the most recent: the current sequence's, then the newest outputs'
         left = self.max_candidates
         chosen = []
@@ -220,14 +255,11 @@ class SuffixDrafter:
             chosen.append(take)
             left -= len(take)
         chosen.reverse()
-        sources = [
+        return n, [
             (self.corpus.tokens, self.corpus.base, len(self.corpus.tokens), chosen[0]),
             (self.outputs.tokens, self.outputs.base, len(self.outputs.tokens), chosen[1]),
             (local_tokens, 0, end, chosen[2]),
         ]
-        proposal = self._walk(sources, limit)
-        self.last_match = n if proposal else 0
-        return proposal
 
     def _walk(self, sources: list, limit: int) -> list[int]:
         """Follow the occurrences forward: the most frequent continuation each step (ties: the newest).
@@ -238,17 +270,7 @@ class SuffixDrafter:
         proposal: list[int] = []
         confidence = 1.0
         for step in range(limit):
-            counts: dict[int, int] = {}
-            newest: dict[int, int] = {}
-            order = 0
-            for tokens, base, end, positions in sources:
-                for p in positions:  # oldest first, so `newest` ends on the latest occurrence
-                    at = p + step - base
-                    token = tokens[at] if at < end else END
-                    if token != END:
-                        counts[token] = counts.get(token, 0) + 1
-                        newest[token] = order
-                    order += 1
+            counts, newest = _continuations(sources, step)
             if not counts:
                 break
             best = max(counts, key=lambda t: (counts[t], newest[t]))
@@ -256,11 +278,61 @@ class SuffixDrafter:
             if counts[best] < self.min_count or confidence < self.confidence:
                 break
             proposal.append(best)
-            sources = [
-                (tokens, base, end, [p for p in positions if p + step - base < end and tokens[p + step - base] == best])
-                for tokens, base, end, positions in sources
-            ]
+            sources = _following(sources, step, best)
         return proposal
+
+    def _grow(self, sources: list, depth: int, max_nodes: int) -> DraftTree:
+        """The continuation tree, best-first: a heap of candidate nodes by estimated probability (ties: the
+        shallower, then the newest occurrence, then the first found); each node taken adds its own
+        continuations."""
+        heap: list = []
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[float] = []
+        found = itertools.count()  # the order candidates were found in: the last tie-break
+
+        def offer(parent: int, parent_sources: list, step: int, prob: float) -> None:
+            counts, newest = _continuations(parent_sources, step)
+            total = sum(counts.values())
+            for token, count in counts.items():
+                share = prob * (count / total)  # as the chain multiplies its confidence
+                if count >= self.min_count and share >= self.confidence:
+                    heapq.heappush(heap, (-share, step, -newest[token], next(found), parent, token, step,
+                                          parent_sources))  # fmt: skip
+
+        offer(ROOT_NODE, sources, 0, 1.0)
+        while heap and len(tokens) < max_nodes:
+            negative, _, _, _, parent, token, step, parent_sources = heapq.heappop(heap)
+            tokens.append(token)
+            parents.append(parent)
+            probs.append(-negative)
+            if step + 1 < depth:
+                offer(len(tokens) - 1, _following(parent_sources, step, token), step + 1, -negative)
+        return DraftTree.build(tokens, parents, probs)
+
+
+def _continuations(sources: list, step: int) -> tuple[dict[int, int], dict[int, int]]:
+    """How often each token continues the occurrences `step` tokens on, and the order of its newest one."""
+    counts: dict[int, int] = {}
+    newest: dict[int, int] = {}
+    order = 0
+    for tokens, base, end, positions in sources:
+        for p in positions:  # oldest first, so `newest` ends on the latest occurrence
+            at = p + step - base
+            token = tokens[at] if at < end else END
+            if token != END:
+                counts[token] = counts.get(token, 0) + 1
+                newest[token] = order
+            order += 1
+    return counts, newest
+
+
+def _following(sources: list, step: int, token: int) -> list:
+    """The occurrences whose continuation `step` tokens on is `token`."""
+    return [
+        (tokens, base, end, [p for p in positions if p + step - base < end and tokens[p + step - base] == token])
+        for tokens, base, end, positions in sources
+    ]
 
 
 CORPUS_SUFFIXES = (".py", ".txt", ".md")
