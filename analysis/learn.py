@@ -140,8 +140,10 @@ class Decision:
 
 
 def configuration_of(prediction) -> dict[str, Any]:
+    """A prediction's configuration (`tree_nodes` only where its first stage proposes token trees)."""
+    trees = getattr(prediction, "tree_nodes", 0)
     return {"strategy": prediction.strategy, "lookahead": prediction.lookahead, "max_lead": prediction.max_lead,
-            "stages": list(prediction.stage_indices)}  # fmt: skip
+            "stages": list(prediction.stage_indices), **({"tree_nodes": trees} if trees else {})}  # fmt: skip
 
 
 def next_configuration(profile: Profile, current: Mapping[str, Any], tokens: int = 128, margin: float = MARGIN,

@@ -346,9 +346,11 @@ def pool_stages(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per-stage figures pooled over samples (sums of counts and times, not means of ratios)."""
     if not records:
         return []
-    per_sample = [stage_stats(r) for r in records]
-    names = [s["name"] for s in records[0]["stages"]]
-    return [pool(stats[i] for stats in per_sample).as_dict(name) for i, name in enumerate(names)]
+    by_name: dict[str, list[StageStats]] = {}  # a sample may run a subset of the stages (auto that learns)
+    for record in records:
+        for stage, stats in zip(record["stages"], stage_stats(record)):
+            by_name.setdefault(stage["name"], []).append(stats)
+    return [pool(stats).as_dict(name) for name, stats in by_name.items()]
 
 
 def summarize_run(config: Mapping[str, Any], records: Sequence[Mapping[str, Any]], complete: bool) -> dict[str, Any]:

@@ -57,7 +57,6 @@ class AutoChoice:
         return {"chosen": chosen, "predicted_tokens_per_s": self.predicted_tokens_per_s,
                 "runners_up": list(self.runners_up), "reason": self.reason, "profile": self.profile}  # fmt: skip
 
-
     def specs(self, specs: Sequence[StageSpec]) -> tuple[StageSpec, ...]:
         """The chosen stages of `specs` (the whole hierarchy), the first with the chosen `tree_nodes`."""
         return chosen_specs(specs, self.stages, self.tree_nodes)
@@ -240,16 +239,70 @@ class AutoPipeline(Pipeline):
     its strategy, lookahead, max_lead and the stages it runs (a subset that keeps the target). `profile`:
     a profile.json path; None measures (once, then cached per machine) a short profile on
     `profile_prompts` (strings or token ids; None: the first HumanEval problems). `auto` holds the
-    choice and why; every other option is a `Pipeline` option."""
+    choice and why; every other option is a `Pipeline` option.
+
+    `learn=True`: every stage of the hierarchy is started, and after each call its traces revise the
+    profile (`analysis.learn`: acceptance by position, each stage's speed) and the next call runs the
+    configuration then predicted fastest, when it beats the current one by more than `analysis.learn.MARGIN`
+    (another strategy, lookahead, max_lead or subset of the stages: `generate(..., stages=)`). Every decision
+    is in `decisions` (one per call: what ran, what runs next, whether that is a switch, and why). A
+    caller's own strategy options on a call are refused: the configuration is auto's."""
 
     def __init__(self, stages: Sequence, *, profile: str | Path | None = None,
-                 profile_prompts: Sequence | None = None, **options):  # fmt: skip
+                 profile_prompts: Sequence | None = None, learn: bool = False, choice: AutoChoice | None = None,
+                 **options):  # fmt: skip
         chosen = sorted(set(options) & set(CHOSEN_OPTIONS))
         if chosen:
             raise ConfigError(f"AutoPipeline chooses {', '.join(CHOSEN_OPTIONS)} itself: drop {chosen}")
+        if not isinstance(learn, bool):
+            raise ConfigError(f"learn must be true or false, got {learn!r}")
         specs = [StageSpec.from_any(s) for s in stages]
-        choice = choose_for_pipeline(specs, profile, options.get("draft_confidence", 0.0),
-                                     options.get("value_stop", 0.0), profile_prompts)  # fmt: skip
-        super().__init__(list(choice.specs(specs)), choice.strategy, choice.lookahead, choice.max_lead,
-                         **options)  # fmt: skip
-        self.auto = choice
+        if choice is None:  # `choice`: one made already (the runner's), from a profile of these stages
+            choice = choose_for_pipeline(specs, profile, options.get("draft_confidence", 0.0),
+                                         options.get("value_stop", 0.0), profile_prompts)  # fmt: skip
+        started = chosen_specs(specs, range(len(specs)), choice.tree_nodes) if learn else choice.specs(specs)
+        super().__init__(list(started), choice.strategy, choice.lookahead, choice.max_lead, **options)
+        self.auto, self.learn = choice, learn
+        self.decisions: list[dict[str, Any]] = []
+        if learn:
+            from analysis.learn import Observed
+            from analysis.profile import load_profile
+
+            self.profile = load_profile(choice.profile)
+            self.observed = Observed()
+            self.configuration = {"strategy": choice.strategy, "lookahead": choice.lookahead,
+                                  "max_lead": choice.max_lead, "stages": list(choice.stages)}  # fmt: skip
+
+    def generate(self, prompt, max_new_tokens: int = 128, **options):
+        if not self.learn:
+            return super().generate(prompt, max_new_tokens, **options)
+        chosen = sorted(set(options) & {*CHOSEN_OPTIONS, "stages"})
+        if chosen:
+            raise ConfigError(f"a learning AutoPipeline runs its own configuration: drop {chosen}")
+        ran = dict(self.configuration)
+        result = super().generate(prompt, max_new_tokens, **self._call_options(ran), **options)
+        self.decisions.append(self._learn_from(result, ran))
+        return result
+
+    @staticmethod
+    def _call_options(configuration: dict[str, Any]) -> dict[str, Any]:
+        stages = None if configuration["strategy"] == "greedy" else configuration["stages"]
+        return {"strategy": configuration["strategy"], "lookahead": configuration["lookahead"],
+                "max_lead": configuration["max_lead"], "stages": stages}  # fmt: skip
+
+    def _learn_from(self, result, ran: dict[str, Any]) -> dict[str, Any]:
+        """Fold the call's traces into the profile and decide the next configuration (`analysis.learn`)."""
+        from analysis.learn import learned_profile, next_configuration
+
+        self.observed.add(self.profile, result.stages, result.stage_traces)
+        trees = self.auto.tree_nodes  # the first stage's, fixed when it started: a configuration with it uses it
+
+        def runnable(c: dict[str, Any]) -> bool:
+            with_first = c["strategy"] != "greedy" and c["stages"][0] == 0
+            return c.get("tree_nodes", 0) == (trees if with_first else 0)
+
+        decision = next_configuration(learned_profile(self.profile, self.observed), ran, PREDICT_TOKENS, allowed=runnable)
+        self.configuration = decision.configuration
+        return {"call": len(self.decisions) + 1, "ran": ran, "tokens_per_s": len(result.tokens) / result.time_s,
+                "next": decision.configuration, "switched": decision.switched, "reason": decision.reason,
+                "predicted_tokens_per_s": decision.predicted_tokens_per_s}  # fmt: skip

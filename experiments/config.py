@@ -36,7 +36,7 @@ CALL_KEYS = {
     "sampling": {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed"},
     "acceptance": {"mode": "acceptance", "rate": "synthetic_rates"},
 }  # fmt: skip
-STRATEGY_ONLY_KEYS = ("profile",)  # strategy auto: the profile.json it chooses from
+STRATEGY_ONLY_KEYS = ("profile", "learn")  # strategy auto: the profile.json it chooses from; learn while running
 # the `CallOptions` fields a `Pipeline` takes as the defaults of its calls
 PIPELINE_CALL_FIELDS = ("strategy", "lookahead", "max_lead", "draft_confidence", "size_verification", "cascade",
                         "value_stop", "temperature", "top_k", "top_p", "seed", "acceptance", "synthetic_rates")
@@ -142,6 +142,16 @@ def check_call(call: CallOptions, stages: tuple[StageSpec, ...]) -> None:
     call.plan([s.kind for s in stages], [s.label for s in stages], [s.tree_nodes for s in stages])
 
 
+def check_learn(strategy: Mapping[str, Any]) -> bool:
+    """`strategy.learn` (strategy auto): revise the profile from the run's own calls and switch configuration."""
+    learn = strategy.get("learn", False)
+    if not isinstance(learn, bool):
+        raise ConfigError(f"strategy.learn must be true or false, got {learn!r}")
+    if learn and strategy.get("name") != "auto":
+        raise ConfigError(f"strategy.learn is for strategy auto, got strategy {strategy.get('name')!r}")
+    return learn
+
+
 def check_profile(strategy: Mapping[str, Any]) -> str | None:
     """`strategy.profile` (strategy auto): a profile.json path, or None for the cached short profile."""
     profile = strategy.get("profile")
@@ -159,6 +169,7 @@ class RunConfig:
     stages: tuple[StageSpec, ...]  # resolved and checked, smallest drafter first, the target last
     call: CallOptions  # strategy, sampling and acceptance of every call (strategy "auto": see `chosen`)
     profile: str | None  # strategy auto: the profile.json it chooses from (None: the cached short one)
+    learn: bool  # strategy auto: learn from the run's own calls and switch configuration (`AutoPipeline`)
     dataset: dict[str, Any]  # the dataset section, for `experiments.data`
     budget: int  # max_new_tokens
     options: RunOptions  # the run section
@@ -185,8 +196,8 @@ class RunConfig:
         dataset = section(config, "dataset", required=True)
         if not isinstance(dataset.get("name"), str):
             raise ConfigError(f"dataset.name must be the dataset's name, got {dataset.get('name')!r}")
-        return cls(hierarchy, family, stages, call, check_profile(config["strategy"]), dataset, budget, options,
-                   copy.deepcopy(dict(config)))  # fmt: skip
+        return cls(hierarchy, family, stages, call, check_profile(config["strategy"]), check_learn(config["strategy"]),
+                   dataset, budget, options, copy.deepcopy(dict(config)))  # fmt: skip
 
     @property
     def is_auto(self) -> bool:

@@ -124,6 +124,19 @@ def prepare(run: RunConfig) -> tuple[RunConfig, DatasetPrompts, Any]:
     return run.chosen(choice), prompts, choice
 
 
+def make_pipeline(full: RunConfig, run: RunConfig, auto):
+    """The run's pipeline: at auto's choice (`run`), or, when auto learns, every stage of the hierarchy
+    (`full`) with the choice as the first call's configuration (`experiments.auto.AutoPipeline`)."""
+    from pipespec.api import Pipeline
+
+    if auto is None or not full.learn:
+        return Pipeline(list(run.stages), **run.pipeline_options())
+    from experiments.auto import AutoPipeline
+
+    options = {k: v for k, v in run.pipeline_options().items() if k not in ("strategy", "lookahead", "max_lead")}
+    return AutoPipeline(list(full.stages), choice=auto, learn=True, **options)
+
+
 def run_sample(pipe, run: RunConfig, prompt: Prompt, task: str) -> tuple[dict, dict]:
     """Generate one sample (each turn of a multi-turn question in turn): its record (samples.jsonl) and trace."""
     from experiments.data import render_prompt_text
@@ -187,18 +200,16 @@ def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
     """Run `config` (a `RunConfig`, or the composed dict it is made from) into `run_dir`; the summary."""
     from tqdm import tqdm
 
-    from pipespec.api import Pipeline
-
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     run_dir = Path(run_dir)
     progress = run.options.progress if progress is None else progress
     # every check (options, vocabularies, prompt lengths) runs before anything is written
-    run, prompts, auto = prepare(run)
-    pipe = Pipeline(list(run.stages), **run.pipeline_options())
+    full, (run, prompts, auto) = run, prepare(run)
+    pipe = make_pipeline(full, run, auto)
     store = open_store(run_dir, run.raw, run.options.resume)
     todo = [p for p in prompts.prompts if p.sample_id not in store.finished_ids]
     store.write_config(run.raw)
-    store.write_env(environment(list(run.stages)))
+    store.write_env(environment(list(pipe.specs)))
     if store.records:
         print(f"resuming {run_dir}: {len(store.records)} samples done, {len(todo)} to go", file=sys.stderr)
     dataset = prompts.dataset
@@ -209,12 +220,15 @@ def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
         label = f"{run.hierarchy} {run.call.strategy} {dataset.name}"
         bar = tqdm(todo, desc=label, disable=not progress, file=sys.stderr, unit="sample")
         for prompt in bar:
-            store.append(*run_sample(pipe, run, prompt, dataset.task))
+            record, trace = run_sample(pipe, run, prompt, dataset.task)
+            if getattr(pipe, "learn", False):  # auto that learns: what this sample ran, and what runs next
+                record["auto"] = pipe.decisions[-1]
+            store.append(record, trace)
             bar.set_postfix_str(_live_figures(store.records))
     summary = summarize_run(run.recorded(), store.records, complete=len(store.records) == len(dataset.samples))
     summary["dataset_description"] = dataset.description()
     if auto is not None:
-        summary["auto"] = auto.record()
+        summary["auto"] = {**auto.record(), **({"calls": pipe.decisions} if getattr(pipe, "learn", False) else {})}
     store.write_summary(summary)
     try:
         summary = refresh_reference(run_dir, run.options.reference_run)

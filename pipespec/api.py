@@ -77,6 +77,7 @@ class GenerationResult:
     synthetic_rates: list[float] | None = None  # per drafter/verifier pair, under synthetic acceptance
     lossless: bool = True  # False: the tokens do not follow the target's (greedy or sampling) distribution
     margins: list[float] | None = None  # the target's top-2 logit margin at each token (analysis.rundir classifies)
+    stages: list[int] | None = None  # the stages the call ran (positions in the pipeline; greedy: the target)
 
     def summary(self) -> list[dict[str, Any]]:
         return summarize(self.stage_traces, len(self.tokens))
@@ -567,6 +568,7 @@ class Pipeline:
             strategy=call.strategy,
             lookahead=call.lookahead,
             stage_traces=[traces[i] for i in sorted(traces)],
+            stages=sorted(active),
             sampling=plan.sampling.as_dict(),
             acceptance=plan.acceptance.mode,
             synthetic_rates=list(plan.acceptance.rates) if plan.acceptance.mode == "synthetic" else None,

@@ -49,6 +49,7 @@ class CallOptions:
     acceptance: str = "exact"
     synthetic_rates: float | Sequence[float] | None = None
     forget_outputs: bool = False  # a suffix stage first drops the earlier outputs it indexed
+    stages: Sequence[int] | None = None  # the stages this call runs (positions, the target last); None: all
     faults: Any = None  # tests only: a `pipespec.faults.FaultPlan` the named stage acts on
 
     @classmethod
@@ -69,6 +70,35 @@ class CallOptions:
              stage_trees: Sequence[int] | None = None) -> CallPlan:  # fmt: skip
         """Check every option against the stages (their kinds, smallest first; `stage_trees`: each stage's
         `tree_nodes`, None: all 0) and return what they run."""
+        chosen = self.chosen_stages(stage_kinds, stage_labels)
+        kinds = [stage_kinds[i] for i in chosen]
+        labels = [(stage_labels or stage_kinds)[i] for i in chosen]
+        trees = None if stage_trees is None else [stage_trees[i] for i in chosen]
+        plan = self._plan(kinds, labels, trees)
+        return replace(plan, roles=spread_roles(plan.roles, chosen, len(stage_kinds)))
+
+    def chosen_stages(self, stage_kinds: Sequence[str], stage_labels: Sequence[str] | None = None) -> list[int]:
+        """The stage positions this call runs: `stages` checked (increasing positions ending with the target,
+        a model-free stage only first), or all; greedy runs the target alone whatever `stages` says."""
+        last = len(stage_kinds) - 1
+        if self.strategy == "greedy" or self.stages is None:
+            return list(range(last + 1))
+        stages = list(self.stages) if isinstance(self.stages, (list, tuple, range)) else None
+        if not stages or any(isinstance(i, bool) or not isinstance(i, int) for i in stages) or stages != sorted(
+                set(stages)) or stages[0] < 0 or stages[-1] != last:  # fmt: skip
+            raise ConfigError(f"stages must be increasing stage positions in 0..{last} ending with the target ({last}), "
+                              f"got {self.stages!r}")  # fmt: skip
+        if any(stage_kinds[i] in MODEL_FREE_KINDS for i in stages[1:]):
+            names = stage_labels or stage_kinds
+            free = next(names[i] for i in stages[1:] if stage_kinds[i] in MODEL_FREE_KINDS)
+            raise ConfigError(f"stages {stages}: the model-free stage {free} can only be the first (it cannot verify)")
+        if len(stages) < len(stage_kinds) and self.acceptance == "synthetic":
+            raise ConfigError("acceptance='synthetic' runs every stage: its rates are per pair of the whole hierarchy "
+                              f"(stages {stages} leave some out)")  # fmt: skip
+        return stages
+
+    def _plan(self, stage_kinds: Sequence[str], stage_labels: Sequence[str] | None,
+              stage_trees: Sequence[int] | None) -> CallPlan:  # fmt: skip
         n = len(stage_kinds)
         check_timeout("timeout_s", self.timeout_s, optional=True)
         if not isinstance(self.forget_outputs, bool):
@@ -104,6 +134,18 @@ class CallOptions:
         if self.cascade:
             raise ConfigError(f"stage option 'tree_nodes' (stage {trees[0]}) cannot run with cascade: the cascade "
                               "passes proposals on as chains (set tree_nodes 0 or cascade false)")  # fmt: skip
+
+
+def spread_roles(chosen_roles: Sequence[Role], stages: Sequence[int], n_stages: int) -> list[Role]:
+    """The roles of the `stages` a call runs (in order), placed at their positions among all `n_stages`: the
+    others idle, and each chosen stage names its neighbours among the chosen ones."""
+    if len(stages) == n_stages:
+        return list(chosen_roles)
+    out = [Role()] * n_stages
+    for j, (stage, role) in enumerate(zip(stages, chosen_roles)):
+        out[stage] = replace(role, upstream=stages[j - 1] if role.has_upstream else None,
+                             downstream=None if role.is_target else stages[j + 1])  # fmt: skip
+    return out
 
 
 def check_timeout(name: str, value, optional: bool = False) -> None:

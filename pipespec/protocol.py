@@ -40,6 +40,8 @@ class Role:
     takes_drafts: bool = False  # cascade: passes its model-free drafter's proposals on unverified, steps on misses
     value_stop: float = 0.0  # > 0: stop drafting where a draft is worth less than it costs (the target's slowdown
     #                          per second of this stage's compute; pipespec.schedule); 0 = off
+    upstream: int | None = None  # the stage whose drafts it verifies (None: the one before it)
+    downstream: int | None = None  # the stage that verifies its drafts (None: the one after it)
 
 
 @dataclass

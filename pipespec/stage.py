@@ -109,8 +109,13 @@ class StageRequest:
         self.engine = engine
         self.transport = transport
         self.rank = index + 1
-        self.upstream_rank = self.rank - 1 if self.role.has_upstream else None
-        self.downstream_rank = self.rank + 1 if not self.role.is_target else None
+        # a call may run a subset of the stages (`CallOptions.stages`): the role names the neighbours then
+        self.upstream_index = None if not self.role.has_upstream else (
+            index - 1 if self.role.upstream is None else self.role.upstream)  # fmt: skip
+        self.downstream_index = None if self.role.is_target else (
+            index + 1 if self.role.downstream is None else self.role.downstream)  # fmt: skip
+        self.upstream_rank = None if self.upstream_index is None else self.upstream_index + 1
+        self.downstream_rank = None if self.downstream_index is None else self.downstream_index + 1
         self.name = stage_names[index]
         checks = job.faults is None or job.faults.checks_drafts(index)  # tests: a wrong rule on purpose
         self.rule = VerifyRule(job.sampling, job.acceptance, index, check_drafts=checks)
@@ -421,7 +426,7 @@ class StageRequest:
                 self.publish(more_coming=kind == schedule.WAIT)
                 message = receive(self.job.stall_timeout_s)
                 if message is None:
-                    neighbour = self.index - 1 if kind == schedule.WAIT else self.index + 1  # drafts, or a commit
+                    neighbour = self.upstream_index if kind == schedule.WAIT else self.downstream_index  # drafts, or a commit
                     raise StageFailure(
                         f"stage {self.name} waited {self.job.stall_timeout_s:.0f} s for stage "
                         f"{self.job.stage_names[neighbour]}: it stopped responding",

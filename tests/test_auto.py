@@ -200,3 +200,42 @@ def test_bench_runs_auto_beside_the_fixed_configurations(profile_path, cache, tm
     bad = subprocess.run(command[:-1] + ["auto.hierarchy=k9", f"hydra.run.dir={tmp_path}/bad"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "auto.hierarchy must be k2 or k3" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_auto_that_learns_runs_a_decided_configuration_every_call_identical_to_greedy(profile_path):
+    """AutoPipeline(learn=True): every stage started, each call's traces revise the profile, each call runs
+    what the previous decision said (a switch or not, with its reason), and every output is greedy's."""
+    from experiments.tiny import random_prompts
+    from pipespec.api import Pipeline
+
+    specs = _specs(profile_path)
+    prompts = random_prompts(4, length=8, seed=5)
+    with Pipeline(specs[-1:], strategy="greedy") as reference:
+        expected = [reference.generate(p, 12).tokens for p in prompts]
+    with autoconf.AutoPipeline(specs, profile=str(profile_path), learn=True) as pipe:
+        assert len(pipe.specs) == len(specs)  # every stage: a decision may take another subset
+        outputs = [pipe.generate(p, 12).tokens for p in prompts]
+        with pytest.raises(ConfigError, match="runs its own configuration"):
+            pipe.generate(prompts[0], 4, strategy="sd")
+    assert outputs == expected
+    decisions = pipe.decisions
+    assert [d["call"] for d in decisions] == [1, 2, 3, 4] and all(d["reason"] for d in decisions)
+    assert decisions[0]["ran"]["strategy"] == pipe.auto.strategy
+    for before, after in zip(decisions, decisions[1:]):
+        assert after["ran"] == before["next"]  # each call runs what the decision before it chose
+        assert before["switched"] == (before["next"] != before["ran"])
+    if pipe.auto.strategy != "greedy":
+        assert pipe.observed.offered  # verifications were counted
+    assert pipe.observed.calls == 4 and pipe.observed.speed(len(specs) - 1) > 0
+
+
+def test_the_runner_records_each_samples_learned_configuration(cache, profile_path, tmp_path):
+    done = _run(cache, tmp_path / "learn", "strategy=auto", f"strategy.profile={profile_path}", "strategy.learn=true")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "learn" / "summary.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "learn" / "samples.jsonl").read_text().splitlines()]
+    assert len(summary["auto"]["calls"]) == 1 + len(records)  # the warm-up call too
+    assert [r["auto"] for r in records] == summary["auto"]["calls"][1:]
+    assert summary["identical_to_greedy"] is None or summary["identical_to_greedy"].endswith("/2")
+    wrong = _run(cache, tmp_path / "wrong", "strategy=sd", "+strategy.learn=true")
+    assert wrong.returncode == 2 and "strategy.learn is for strategy auto" in wrong.stderr.strip().splitlines()[-1]
