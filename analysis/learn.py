@@ -171,3 +171,63 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     if a["strategy"] == "greedy" or b["strategy"] == "greedy":
         return a["strategy"] == b["strategy"]
     return all(a[k] == b[k] for k in keys) and list(a["stages"]) == list(b["stages"])
+
+
+# ---- a learning run against a paired sweep ------------------------------------------------------------------
+
+
+def learning_table(run_dir, sweep_dir) -> list[dict[str, Any]]:
+    """Per call of a learning auto run (its sample records' `auto` decisions, the warm-up excluded): the
+    configuration it ran, its measured paired speedup in the sweep of the same hierarchy and prompts, and
+    that over the sweep's best configuration (None where the sweep did not run it)."""
+    from analysis.paired import configuration_name, paired_speedups, sweep_samples
+    from analysis.rundir import ResultsError, read_records
+
+    records, _ = read_records(run_dir)
+    if not records or any("auto" not in r for r in records):
+        raise ResultsError(f"{run_dir}: not a learning auto run (its records carry no `auto` decisions)")
+    speedups = {s.configuration: s for s in paired_speedups(sweep_samples(sweep_dir))}
+    best = max(speedups.values(), key=lambda s: s.speedup)
+    rows = []
+    for record in records:
+        ran = record["auto"]["ran"]
+        name = configuration_name(ran)
+        measured = speedups.get(name)
+        rows.append({"sample": record["sample_id"], "configuration": name, "stages": ran.get("stages"),
+                     "switched_next": record["auto"]["switched"], "paired_speedup": measured and measured.speedup,
+                     "of_best": measured and measured.speedup / best.speedup, "best": best.configuration})  # fmt: skip
+    return rows
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import sys
+
+    from analysis.rundir import ResultsError
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.learn",
+                                     description="a learning auto run's configurations against a paired sweep")
+    parser.add_argument("run_dir")
+    parser.add_argument("sweep_dir")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        rows = learning_table(args.run_dir, args.sweep_dir)
+    except (ResultsError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"| call | configuration ran | paired speedup in the sweep | of the sweep's best ({rows[0]['best']}) |")
+    print("|---|---|---|---|")
+    for i, row in enumerate(rows, 1):
+        speed = "not in the sweep" if row["paired_speedup"] is None else f"{row['paired_speedup']:.3f}"
+        share = "-" if row["of_best"] is None else f"{row['of_best']:.3f}"
+        print(f"| {i} | {row['configuration']} | {speed} | {share} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

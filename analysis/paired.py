@@ -26,7 +26,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -175,6 +175,22 @@ def profile_step_cost(step_s: Sequence[float], n: int) -> float:
         return float(step_s[max(n, 1) - 1])
     slope = step_s[-1] - step_s[-2] if len(step_s) > 1 else 0.0
     return float(step_s[-1] + slope * (n - len(step_s)))
+
+
+def configuration_name(options: Mapping[str, Any]) -> str:
+    """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade and _v0.1 (value_stop) suffixes."""
+    from pipespec.schedule import DEFAULT_MAX_LEAD
+
+    strategy = options.get("strategy", "pipespec")
+    if strategy == "greedy":
+        return "greedy"
+    name = f"{strategy}_L{options.get('lookahead', 0)}"
+    if strategy == "pipespec":
+        name += f"_M{options.get('max_lead', DEFAULT_MAX_LEAD)}"
+    extras = [(options.get("draft_confidence"), f"_c{options.get('draft_confidence')}"),
+              (options.get("size_verification"), "_sized"), (options.get("cascade"), "_cascade"),
+              (options.get("value_stop"), f"_v{options.get('value_stop')}")]  # fmt: skip
+    return name + "".join(suffix for value, suffix in extras if value)
 
 
 # ---- reading a sweep directory ---------------------------------------------------------------------------

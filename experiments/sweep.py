@@ -35,6 +35,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from experiments.conf import CONFIG_PATH  # noqa: E402
+from analysis.paired import configuration_name  # noqa: E402
 from pipespec.errors import ConfigError  # noqa: E402
 
 CONFIGURATION_KEYS = ("strategy", "lookahead", "max_lead", "draft_confidence", "size_verification", "cascade",
@@ -48,22 +49,6 @@ class Configuration:
 
     name: str
     options: dict[str, Any]
-
-
-def configuration_name(options: Mapping[str, Any]) -> str:
-    """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade and _v0.1 (value_stop) suffixes."""
-    from pipespec.schedule import DEFAULT_MAX_LEAD
-
-    strategy = options.get("strategy", "pipespec")
-    if strategy == "greedy":
-        return "greedy"
-    name = f"{strategy}_L{options.get('lookahead', 0)}"
-    if strategy == "pipespec":
-        name += f"_M{options.get('max_lead', DEFAULT_MAX_LEAD)}"
-    extras = [(options.get("draft_confidence"), f"_c{options.get('draft_confidence')}"),
-              (options.get("size_verification"), "_sized"), (options.get("cascade"), "_cascade"),
-              (options.get("value_stop"), f"_v{options.get('value_stop')}")]  # fmt: skip
-    return name + "".join(suffix for value, suffix in extras if value)
 
 
 def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Sequence[str]) -> list[Configuration]:

@@ -15,6 +15,10 @@ from analysis import profile as pf
 from experiments import auto as autoconf
 from pipespec.errors import ConfigError
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_auto")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

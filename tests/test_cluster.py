@@ -25,6 +25,10 @@ from analysis.rundir import (
     summary_lock,
 )
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_cluster")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -220,7 +224,7 @@ def alive(process: psutil.Process) -> bool:
 def test_a_job_killed_mid_run_resumes_and_the_other_job_is_untouched(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "models=tiny_k2", "strategy=sd,pipespec,greedy", "strategy.lookahead=3", "dataset=news_lee_cnndm",
-            "dataset.n_samples=6", "max_new_tokens=48", "run.progress=false", f"hydra.sweep.dir={sweep}",
+            "dataset.n_samples=4", "max_new_tokens=24", "run.progress=false", f"hydra.sweep.dir={sweep}",
             *SUBMITIT, *NO_CALLBACK]  # fmt: skip
     process = experiments_run(*args)
     killed_dir, other_dir = sweep / "1_pipespec_L3_tiny_k2_news_lee_cnndm", sweep / "0_sd_L3_tiny_k2_news_lee_cnndm"
@@ -233,20 +237,20 @@ def test_a_job_killed_mid_run_resumes_and_the_other_job_is_untouched(tmp_path):
     assert code != 0, "the sweep reports the killed job"
     assert not [p.pid for p in family if alive(p)], "a process of the killed job outlived it"
     killed_with = len(read_records(killed_dir)[0])
-    assert 2 <= killed_with < 6 and not (killed_dir / "summary.json").exists()
+    assert 2 <= killed_with < 4 and not (killed_dir / "summary.json").exists()
     other = json.loads((other_dir / "summary.json").read_text())
-    assert other["complete"] and other["n_samples"] == 6, "the job running beside it finished undisturbed"
+    assert other["complete"] and other["n_samples"] == 4, "the job running beside it finished undisturbed"
 
     code, _, err = finish(experiments_run(*args, "run.resume=true"))
     assert code == 0, err[-3000:]
     records, dropped = read_records(killed_dir)
-    assert dropped == 0 and sorted(r["index"] for r in records) == list(range(6))
-    assert len({r["sample_id"] for r in records}) == 6
+    assert dropped == 0 and sorted(r["index"] for r in records) == list(range(4))
+    assert len({r["sample_id"] for r in records}) == 4
     rows = {Path(row["run"]).name: row for row in collect([sweep])}
-    assert [row["identical_to_greedy"] for row in rows.values()] == ["6/6", "6/6", "(reference)"]
+    assert [row["identical_to_greedy"] for row in rows.values()] == ["4/4", "4/4", "(reference)"]
     assert all(row["complete"] for row in rows.values())
     for name in (killed_dir.name, other_dir.name):
-        assert json.loads((sweep / name / "summary.json").read_text())["identical_to_greedy"] == "6/6"
+        assert json.loads((sweep / name / "summary.json").read_text())["identical_to_greedy"] == "4/4"
 
 
 # ---- the results store under concurrent jobs ------------------------------------------------------------

@@ -24,7 +24,7 @@ COMMITTED = REPO_ROOT / "paper_figures"
 OFFICIAL = figures.DEFAULT_OFFICIAL
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: other modules' tests of its xdist group run between its tests
 def regenerated(tmp_path_factory):
     if not OFFICIAL.is_dir():
         pytest.skip(f"official logs absent: {OFFICIAL}")

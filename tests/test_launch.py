@@ -13,6 +13,10 @@ from pipespec.errors import ConfigError
 from pipespec.launch import LaunchEnv, rank_device, resolve_launch
 from analysis.rundir import read_records
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_launch")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 RUN = ["-m", "experiments.run", "models=tiny_k3", "dataset=humaneval", "run.progress=false"]

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_lm_eval")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 HIERARCHY = "tiny_k2"
 TASKS = ("tiny_generate", "tiny_choice", "tiny_rolling")

@@ -13,6 +13,10 @@ from analysis import profile as pf
 from analysis import simulate as sim
 from pipespec.errors import ConfigError
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_profile_predict")
+
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 

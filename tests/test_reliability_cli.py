@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_reliability_cli")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "results_tiny"
 DRAFT, TARGET = "{model:'tiny:draft_noise0.05'}", "{model:'tiny:target'}"

@@ -22,6 +22,10 @@ from analysis.rundir import (
     refresh_reference,
 )
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_runner")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = options("experiment")
 SUMMARY_FIELDS = (

@@ -34,6 +34,10 @@ from experiments.data.spec_bench import (
 )
 from experiments.export import export_specbench, main as export_main
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_specbench")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NEW_TOKENS = 16
 

@@ -11,6 +11,10 @@ import pytest
 
 from analysis.rundir import read_records, read_summary
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_sweep")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = "configurations=[{strategy: sd, lookahead: 2}, {strategy: pipespec, lookahead: 0, max_lead: 4}]"
 

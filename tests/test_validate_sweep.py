@@ -23,6 +23,10 @@ from analysis import profile as pf
 from analysis import validate as va
 from analysis.paired import PairedSpeedup, Sample
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_validate_sweep")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 CONFIGS = ("configurations=[{strategy: sd, lookahead: 2}, {strategy: sd, lookahead: 3}, "
