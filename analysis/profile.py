@@ -22,10 +22,12 @@ from analysis.fit import CostFit, fit_step_cost
 FORMAT = "pipespec-profile"
 VERSION = 2  # acceptance sampled along the decoding walk (`experiments.profiling`); 1: at fixed strides
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
-IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads", "kernels", "vocab_limit")  # the same stage when these match
-# profiles written before the `kernels` stage option ran torch's kernels; before `vocab_limit`, whole heads (0)
+IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads", "kernels", "vocab_limit", "compile")  # the same stage when these match
+# profiles written before the `kernels` stage option ran torch's kernels; before `vocab_limit`, whole heads (0);
+# before `compile`, eager models
 IDENTITY_DEFAULTS = {"kernels": lambda kind: None if kind in MODEL_FREE_KINDS else "torch",
-                     "vocab_limit": lambda kind: None if kind in MODEL_FREE_KINDS else 0}  # fmt: skip
+                     "vocab_limit": lambda kind: None if kind in MODEL_FREE_KINDS else 0,
+                     "compile": lambda kind: None if kind in MODEL_FREE_KINDS else False}  # fmt: skip
 
 
 class ProfileError(ValueError):

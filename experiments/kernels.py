@@ -38,9 +38,11 @@ import argparse
 import json
 import os
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
+
+from pipespec.compiled import StillCompiling, compiled_graphs, graph_breaks
+from pipespec.compiled import warm_up as compiled_warm_up
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -48,8 +50,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 VARIANTS = ("torch", "onednn", "compile")
 KERNELS_COMPARED = ("torch", "onednn")  # the default variants (and those of reports without "variants")
 CONTAINED = ("compile",)  # variants whose errors are reported as the variant's failure, not raised
-WARM_UP_SWEEPS = 3  # at most; a compiled variant still compiling new graphs after these has failed
-RECOMPILE_LIMIT = 32  # graphs per compiled frame (dynamo's default 8); the warm-up check catches runaways
 
 
 class VariantFailed(Exception):
@@ -76,78 +76,21 @@ def one_line(error: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def compiled_graphs() -> int:
-    """Graphs dynamo has compiled in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def graph_breaks() -> dict[str, int]:
-    """Dynamo's graph breaks in this process so far: {reason: count}."""
-    from torch._dynamo.utils import counters
-
-    return dict(counters["graph_break"])
-
-
-def compile_forward(model):
-    """`model` with its forward compiled by torch.compile (dynamic shapes), each call under inductor's
-    freezing (prepacked weights as graph constants) and an error where dynamo would give up recompiling
-    and silently run eagerly."""
-    import torch
-    import torch._dynamo.config as dynamo_config
-    import torch._inductor.config as inductor_config
-
-    compiled = torch.compile(model.forward, dynamic=True)
-
-    def forward(*args, **kwargs):
-        with inductor_config.patch(freezing=True), dynamo_config.patch(
-            recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True
-        ):
-            return compiled(*args, **kwargs)
-
-    model.forward = forward
-    return model
-
-
 def load_variant(spec, variant: str):
+    """The stage's model as `variant` runs it: `compile` is the prepacked model with `compile: true`."""
     from pipespec.models import load_model
 
     if variant == "compile":
-        return compile_forward(load_model(replace(spec, kernels="onednn")))
-    return load_model(replace(spec, kernels=variant))
-
-
-def sweep(runner, context: list[int], max_fed: int) -> None:
-    """One untimed sweep of n = 1..max_fed tokens fed after `context`, as `interleaved_step_costs` times them."""
-    filler = [int(context[-1])] * max_fed
-    for n in range(1, max_fed + 1):
-        runner.truncate(len(context) - 1)
-        runner.forward(context, filler[: n - 1])
+        return load_model(replace(spec, kernels="onednn", compile=True))
+    return load_model(replace(spec, kernels=variant, compile=False))
 
 
 def warm_up(runner, context: list[int], max_fed: int, compiled: bool) -> dict:
-    """The first call (a prefill of `context`) and sweeps until one compiles no new graph: their seconds,
-    and for a compiled runner the graphs compiled; `VariantFailed` if the sweeps keep compiling."""
-    graphs_before = compiled_graphs()
-    started = time.perf_counter()
-    runner.start()
-    runner.forward(context, [])
-    facts = {"first_call_s": time.perf_counter() - started, "sweeps_s": []}
-    for _ in range(WARM_UP_SWEEPS):
-        graphs = compiled_graphs()
-        started = time.perf_counter()
-        sweep(runner, context, max_fed)
-        facts["sweeps_s"].append(time.perf_counter() - started)
-        if compiled_graphs() == graphs:
-            break
-    else:
-        compiled_so_far = compiled_graphs() - graphs_before
-        raise VariantFailed(f"still compiling new graphs after {WARM_UP_SWEEPS} warm-up sweeps of n = 1..{max_fed} "
-                            f"({compiled_so_far} graphs): a recompile per call?")  # fmt: skip
-    if compiled:
-        facts["graphs"] = compiled_graphs() - graphs_before
-    return facts
+    """`pipespec.compiled.warm_up`: a variant that keeps compiling has failed."""
+    try:
+        return compiled_warm_up(runner, context, max_fed, compiled=compiled)
+    except StillCompiling as error:
+        raise VariantFailed(str(error)) from None
 
 
 def verifies_like_greedy(runner, prompt: list[int], continuation: list[int]) -> bool:

@@ -60,4 +60,5 @@ def stage_identity(spec: StageSpec) -> dict[str, Any]:
     """What a profile's stage entry records of a stage (`analysis.profile.IDENTITY_KEYS`)."""
     return {"kind": spec.kind, "model": spec.model, "quantize": spec.quantize, "dtype": spec.dtype,
             "threads": spec.threads, "kernels": resolved_kernels(spec),
-            "vocab_limit": None if spec.kind in MODEL_FREE_KINDS else spec.vocab_limit or 0}  # fmt: skip
+            "vocab_limit": None if spec.kind in MODEL_FREE_KINDS else spec.vocab_limit or 0,
+            "compile": None if spec.kind in MODEL_FREE_KINDS else spec.compile}  # fmt: skip

@@ -50,12 +50,14 @@ from pipespec.launch import (
 )
 from pipespec.models import (
     assign_devices,
+    check_compilers,
     check_shared_vocabulary,
     context_length,
     eos_token_ids,
     resolved_kernels,
 )
-from pipespec.specs import StageSpec, check_tree_nodes
+from pipespec.compiled import START_ALLOWANCE_S
+from pipespec.specs import StageSpec, check_tree_nodes, trees_fed
 from pipespec.protocol import Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace
 from pipespec.options import CallOptions, CallPlan, check_timeout
 from pipespec.schedule import DEFAULT_MAX_LEAD
@@ -199,6 +201,7 @@ class Pipeline:
         self.start_timeout_s, self.stall_timeout_s = start_timeout_s, stall_timeout_s
         # refuse mismatched vocabularies before any stage process starts
         self.tokenizer = check_shared_vocabulary(self.specs)
+        check_compilers(self.specs)
         self.eos_ids = eos_token_ids(self.specs[-1].model)
         self.context_length = context_length(self.specs[-1].model)
         for spec in self.specs:
@@ -207,6 +210,7 @@ class Pipeline:
         self.processes: list = []
         self.transport = None
         self.pids: list[int] = []
+        self.warm_up_s: list[float] = []  # by stage index: each compiled stage's warm-up at the last start (0: none)
         self._request = 0
         self._calls = threading.RLock()  # one generate call at a time; close waits for the one in progress
         self._executor: ThreadPoolExecutor | None = None  # serves `submit`
@@ -300,7 +304,7 @@ class Pipeline:
             self.processes = [
                 ctx.Process(
                     target=stage_process_main,
-                    args=(i, spec, n, host, port, self.start_timeout_s, start),
+                    args=(i, spec, n, host, port, self.start_timeout_s, start, trees_fed(self.specs, i)),
                     name=f"pipespec-stage-{i}",
                     daemon=True,
                 )
@@ -338,15 +342,16 @@ class Pipeline:
             self._kill()
             raise StageError(f"could not connect to the stage processes: {box['error']}", kind="start")
         self.transport = box["transport"]
-        ready: set[int] = set()
-        pids: dict[int, int] = {}
+        ready: dict[int, Ready] = {}
+        if any(spec.compile for spec in self.specs):  # compiling before Ready: pipespec.compiled
+            deadline += START_ALLOWANCE_S
         try:
             while len(ready) < n:
                 message = self._receive(deadline, "starting")
                 if isinstance(message, Ready):
-                    ready.add(message.stage)
-                    pids[message.stage] = message.pid
-            self.pids = [pids[i] for i in range(n)]  # by stage index
+                    ready[message.stage] = message
+            self.pids = [ready[i].pid for i in range(n)]  # by stage index
+            self.warm_up_s = [ready[i].warm_up_s for i in range(n)]
         except BaseException:
             self.close()
             raise

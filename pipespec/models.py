@@ -171,7 +171,22 @@ def load_model(spec: StageSpec):
         from pipespec.kernels import prepack_linears
 
         prepack_linears(model)
+    if spec.compile:
+        from pipespec.compiled import compile_forward
+
+        compile_forward(model)  # compiled at its first calls: `pipespec.compiled.warm_stage` makes them
     return model
+
+
+def check_compilers(specs: Sequence[StageSpec]) -> None:
+    """Refuse `compile: true` where torch cannot compile here (`pipespec.compiled.compiler_obstacle`)."""
+    compiled = [spec.label for spec in specs if spec.compile]
+    if compiled:
+        from pipespec.compiled import compiler_obstacle
+
+        why_not = compiler_obstacle()
+        if why_not:
+            raise ConfigError(f"stage option 'compile' of stage(s) {compiled} cannot apply: {why_not}")
 
 
 def limit_vocabulary(model, spec: StageSpec) -> None:
@@ -236,6 +251,9 @@ class CausalLMRunner:
         self.cache = None
         self.cache_length = 0
         self.tree_base = 0  # after `forward_tree`: the length of the sequence its tree extends
+        # a compiled model (`pipespec.compiled`) guards on the cache's layout: the first call's K/V (views of
+        # the projections) are made contiguous, so every later call sees a contiguous cache or a crop of one
+        self.canonical_cache = bool(getattr(model, "pipespec_compiled", False))
 
     def start(self) -> None:
         from transformers import DynamicCache
@@ -271,7 +289,7 @@ class CausalLMRunner:
                 use_cache=True,
                 logits_to_keep=len(candidates) + 1,
             )
-        self.cache_length += len(fed)
+        self._after_call(len(fed))
         return out.logits[0].float()
 
     def forward_tree(self, sequence: Sequence[int], tree):
@@ -302,9 +320,18 @@ class CausalLMRunner:
                 use_cache=True,
                 logits_to_keep=len(tree) + 1,
             )
-        self.cache_length += input_ids.shape[1]
+        self._after_call(input_ids.shape[1])
         self.tree_base = base
         return out.logits[0].float()
+
+    def _after_call(self, fed: int) -> None:
+        import torch
+
+        if self.cache_length == 0 and self.canonical_cache:
+            with torch.inference_mode():  # inference tensors, as the cache's others (the guards check it)
+                for layer in self.cache.layers:
+                    layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
+        self.cache_length += fed
 
     def _tree_mask(self, past: int, pending: int, tree):
         """(1, 1, pending + nodes, past + pending + nodes) additive float mask: 0 where a fed token may
@@ -360,7 +387,7 @@ def measure_kernel_choice(spec: StageSpec, sizes=None, repeats: int | None = Non
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
-        model = load_model(replace(spec, kernels="torch"))
+        model = load_model(replace(spec, kernels="torch", compile=False))
         switch = kernels.LinearSwitch(model)
         runner = CausalLMRunner(model)
         vocab = model.get_input_embeddings().num_embeddings

@@ -78,6 +78,7 @@ class Shutdown:
 class Ready:
     stage: int
     pid: int
+    warm_up_s: float = 0.0  # a compiled stage's warm-up before it served (pipespec.compiled)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class StageSpec:
     max_index_tokens: int = 65536  # suffix: tokens of earlier outputs + corpus kept (oldest outputs evicted)
     corpus: list | None = None  # suffix: files or folders (.py/.txt/.md) tokenized with `model`'s tokenizer
     tree_nodes: int = 0  # prompt_lookup, suffix: propose token trees of up to N nodes (0 = a chain)
+    compile: bool = False  # kind hf: forward compiled by torch.compile, warmed before serving (pipespec.compiled)
     extra: dict = field(default_factory=dict)  # passed to from_pretrained (e.g. device_map)
     params_b: float | None = None  # declared size in billions: plan mode's estimate when weights are not local
 
@@ -90,6 +91,7 @@ class StageSpec:
         if self.kind not in KINDS:
             raise ConfigError(f"stage kind must be one of {list(KINDS)}, got {self.kind!r}")
         check_tree_nodes(self)
+        check_compile_option(self)
         if self.vocab_limit is not None and self.kind != "hf":
             raise ConfigError(
                 f"stage option 'vocab_limit' is for model stages (kind 'hf'): a {self.kind} stage has no lm_head"
@@ -152,6 +154,26 @@ def check_tree_nodes(spec: StageSpec, context: int | None = None) -> None:
     if value and context is not None and value >= context:
         raise ConfigError(f"stage option 'tree_nodes' ({value}) of stage {spec.label!r} does not fit the target's "
                           f"context of {context} tokens")  # fmt: skip
+
+
+def trees_fed(specs: Sequence[StageSpec], index: int) -> int:
+    """The nodes of the token trees stage `index` is fed: its drafter's `tree_nodes` (0: chains)."""
+    return specs[index - 1].tree_nodes if index > 0 else 0
+
+
+def check_compile_option(spec: StageSpec) -> None:
+    """`compile`: true or false, for CPU model stages of float32 or int8-dynamic weights (torch.compile's
+    inductor is not set up here for the CUDA stages' placement and nf4)."""
+    if not isinstance(spec.compile, bool):
+        raise ConfigError(f"stage option 'compile' must be true or false, got {spec.compile!r}")
+    if not spec.compile:
+        return
+    if spec.kind != "hf":
+        raise ConfigError(f"stage option 'compile' is for model stages (kind 'hf'): a {spec.kind} stage has no "
+                          "model to compile")  # fmt: skip
+    if not str(spec.device).startswith("cpu") or spec.quantize == "nf4":
+        raise ConfigError(f"stage option 'compile' runs CPU stages (float32 or int8-dynamic), not device "
+                          f"{spec.device!r} with quantize {spec.quantize!r}")  # fmt: skip
 
 
 def _check_nf4(devices: Sequence[str], present: bool) -> None:

@@ -58,7 +58,7 @@ from pipespec.decoding import final_output, model_step, tree_step
 from pipespec.drafters import DraftTree, build_drafter, common_prefix
 from pipespec.gpu import stage_sampler
 from pipespec.models import CausalLMRunner, load_model
-from pipespec.specs import StageSpec
+from pipespec.specs import StageSpec, trees_fed
 from pipespec.protocol import (
     Commit, Done, Drafts, Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace, REQUEST_MESSAGES,
 )  # fmt: skip
@@ -80,10 +80,16 @@ class StageFailure(RuntimeError):
 class StageEngine:
     """What a stage computes with: a causal LM runner, or a model-free drafter (pipespec.drafters)."""
 
-    def __init__(self, spec: StageSpec):
+    def __init__(self, spec: StageSpec, trees_fed: int = 0):
         self.spec = spec
         self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
         self.runner = None if self.lookup is not None else CausalLMRunner(load_model(spec))
+        self.warm_up_s = 0.0  # a compiled stage: seconds compiling before it serves (pipespec.compiled)
+        if spec.compile and self.runner is not None:
+            from pipespec.compiled import warm_stage
+
+            vocab = self.runner.model.get_input_embeddings().num_embeddings
+            self.warm_up_s = warm_stage(self.runner, spec.label, vocab, trees_fed)
         self.tree_nodes = spec.tree_nodes if self.lookup is not None else 0  # > 0: proposes token trees
         self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
         self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests
@@ -460,10 +466,12 @@ def _describe(error: BaseException) -> str:
 
 
 def stage_process_main(
-    index: int, spec: StageSpec, n_stages: int, host: str, port: int, timeout_s: float, start: int | None = None
+    index: int, spec: StageSpec, n_stages: int, host: str, port: int, timeout_s: float, start: int | None = None,
+    trees_fed: int = 0,
 ):
     """Entry point of a stage process (started by `pipespec.api.Pipeline`, or a launcher's rank): joins
-    pipeline start `start` (None: the driver's latest) at the store served at HOST:PORT."""
+    pipeline start `start` (None: the driver's latest) at the store served at HOST:PORT. `trees_fed`: the
+    nodes of the token trees its drafter proposes (`trees_fed`), which a compiled stage warms up for."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -477,8 +485,8 @@ def stage_process_main(
     try:
         store = join_start(client_store(host, port, timeout_s), timeout_s, start)
         transport = GlooTransport(rank, n_stages + 1, store, peers)
-        engine = StageEngine(spec)
-        transport.send(0, Ready(index, os.getpid()))
+        engine = StageEngine(spec, trees_fed)
+        transport.send(0, Ready(index, os.getpid(), engine.warm_up_s))
         serve(index, n_stages, engine, Inbox(transport, os.getppid()))
     except SystemExit:
         pass
@@ -592,7 +600,8 @@ def serve_stage_rank(env: LaunchEnv, specs: list, timeout_s: float) -> None:
     spec = dataclasses.replace(spec, device=rank_device(spec.device, env.local_rank, torch.cuda.device_count()))
     sys.stdout.flush()
     sys.stderr.flush()
-    stage_process_main(index, spec, len(specs), env.master_addr, env.master_port, timeout_s)  # exits the process
+    stage_process_main(index, spec, len(specs), env.master_addr, env.master_port, timeout_s,
+                       trees_fed=trees_fed(specs, index))  # exits the process
 
 
 def main(argv: list[str] | None = None) -> int:

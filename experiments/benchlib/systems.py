@@ -216,6 +216,8 @@ class Systems:
             return list(zip(running.names, running.pids))
 
         settings = {"strategy": "greedy"} if strategy == "greedy" else dict(pipespec) if strategy == "pipespec" else {}
+        if any(pipe.warm_up_s):  # compiled stages: their warm-up at start, before anything was timed
+            settings["warm_up_s"] = [round(seconds, 1) for seconds in pipe.warm_up_s]
         label = self.setup.hierarchy_of(name).label
         system = System(name, run, processes, settings, label, list(pipe.names))
         return system

@@ -1,0 +1,171 @@
+"""Compiled stages: a model stage's forward compiled by `torch.compile` (inductor), warmed before it serves.
+
+A stage with `compile: true` compiles its model's forward with dynamic shapes (`compile_forward`): one
+graph for one token fed, one for any other count, on a KV cache (transformers' DynamicCache) of any length;
+a cache cropped after a rollback is a strided view, which dynamo guards on, so one or two more. Each call
+runs under inductor's freezing, so the weights (prepacked for oneDNN where the stage's kernels are) are
+graph constants, and with an error, not a silent eager fallback, where dynamo would give up recompiling.
+
+`warm_up` compiles every graph the stage loop will run before the first timed call: a prefill, then sweeps
+of 1..`WARM_FED` tokens fed after a crop (the verifier's cache pattern), and of a token tree where the
+stage's drafter proposes trees, until a sweep compiles no new graph. Its seconds are the stage's warm-up,
+reported apart from any call (`Pipeline.warm_up_s`). Inductor's C++ kernels are cached on disk
+(`artefact_cache`, under `pipespec.cache.cache_root() / "inductor"` unless TORCHINDUCTOR_CACHE_DIR is
+set); its graph cache skips graphs with frozen weights, so a second start still lowers every graph.
+
+`compiler_obstacle` says why compiling cannot work in this process (no inductor, no C++ compiler for its
+CPU kernels); the driver refuses `compile: true` with it before any stage starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from typing import Callable
+
+from pipespec.drafters.tree import DraftTree
+
+RECOMPILE_LIMIT = 32  # graphs per compiled frame (dynamo's default 8); the warm-up check catches runaways
+WARM_UP_SWEEPS = 3  # at most; still compiling new graphs after these is a failure
+WARM_FED = 16  # the warm-up's sweeps feed 1..WARM_FED tokens
+WARM_CONTEXT = 48  # tokens of the warm-up's prefill
+WALK_STEPS = 24  # steps of the warm-up's walk of verifications
+START_ALLOWANCE_S = 1800.0  # added to the driver's start timeout where a stage compiles
+
+
+class StillCompiling(RuntimeError):
+    """A compiled model that compiles a new graph on every warm-up sweep (a recompile per call)."""
+
+
+def compiler_obstacle() -> str | None:
+    """Why `torch.compile` cannot compile a CPU model here (None: it can)."""
+    try:
+        import torch._inductor.config  # noqa: F401
+    except Exception as error:  # noqa: BLE001 - any import failure means no compiler
+        return f"torch's inductor does not import ({type(error).__name__}: {error})"
+    if sys.version_info >= (3, 14):
+        return f"torch.compile does not support Python {sys.version_info.major}.{sys.version_info.minor}"
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None and shutil.which("g++") is None and shutil.which("clang++") is None:
+        return f"no C++ compiler ({compiler}, g++ or clang++) on PATH: inductor builds its CPU kernels with one"
+    return None
+
+
+def artefact_cache() -> str:
+    """Inductor's on-disk cache of compiled artefacts (TORCHINDUCTOR_CACHE_DIR; set here where unset)."""
+    from pipespec.cache import cache_root
+
+    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def graph_breaks() -> dict[str, int]:
+    """Dynamo's graph breaks in this process so far: {reason: count}."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def compile_forward(model):
+    """`model` with its forward compiled by torch.compile (dynamic shapes), each call under inductor's
+    freezing (prepacked weights as graph constants) and an error where dynamo would give up recompiling
+    and silently run eagerly."""
+    import torch
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    artefact_cache()
+    compiled = torch.compile(model.forward, dynamic=True)
+
+    def forward(*args, **kwargs):
+        with inductor_config.patch(freezing=True), dynamo_config.patch(
+            recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True
+        ):
+            return compiled(*args, **kwargs)
+
+    model.forward = forward
+    model.pipespec_compiled = True  # `CausalLMRunner` keeps its cache's layout canonical for the guards
+    return model
+
+
+def sweep(runner, context: list[int], max_fed: int, tree_nodes: int = 0, seed: int = 0) -> None:
+    """One untimed sweep over the stage loop's cache patterns after `context`: first calls on an empty cache
+    (with drafts and without), n = 1..max_fed tokens fed after a crop (a verifier after a rollback: the
+    cache a strided view), steps of 1 and 2 tokens that extend the cache (contiguous), then a seeded walk of verifications that keep a random part of their drafts, each
+    next step extending the cache or cropping it first, with a two-branch token tree of up to `tree_nodes`
+    nodes among them where > 0 (their guards are on sizes, strides and whether the cache is empty)."""
+    import random
+
+    rng = random.Random(seed)
+    filler = [int(context[-1])] * max_fed
+    for drafts in ([], filler[:2]):
+        runner.start()
+        runner.forward(context, drafts)
+    for n in range(1, max_fed + 1):
+        runner.truncate(len(context) - 1)
+        runner.forward(context, filler[: n - 1])
+    runner.truncate(len(context) - 1)
+    sequence = list(context)
+    for n in (1, 1, 2, 2, 1):  # steps that extend the cache without a crop (greedy decoding, accepted drafts)
+        runner.forward(sequence, filler[: n - 1])
+        sequence += filler[:n]
+    for step in range(WALK_STEPS):
+        if tree_nodes and step % 4 == 3:
+            half = max(1, min(tree_nodes, max_fed) // 2)
+            runner.forward_tree(sequence, DraftTree.from_paths([filler[:half], [int(context[-2])] * half]))
+            kept = rng.randint(0, half)
+            runner.keep_path(list(range(kept)))
+        else:
+            drafts = filler[: rng.randint(0, max_fed - 1)]
+            runner.forward(sequence, drafts)
+            kept = rng.randint(0, len(drafts))
+            runner.truncate(len(sequence) + kept)
+        sequence += filler[: kept + 1]  # the kept drafts and the next token, still to feed
+
+
+def warm_up(runner, context: list[int], max_fed: int = WARM_FED, tree_nodes: int = 0, compiled: bool = True,
+            sweeps: int = WARM_UP_SWEEPS, step: Callable[[str], None] | None = None) -> dict:  # fmt: skip
+    """The first call (a prefill of `context`) and sweeps until one compiles no new graph: their seconds,
+    and for a compiled runner the graphs compiled; `StillCompiling` if every sweep compiles. `step(what)`
+    is called after each part (a progress bar)."""
+    graphs_before = compiled_graphs() if compiled else 0
+    started = time.perf_counter()
+    runner.start()
+    runner.forward(context, [])
+    facts = {"first_call_s": time.perf_counter() - started, "sweeps_s": []}
+    step and step("prefill")
+    for _ in range(sweeps):
+        graphs = compiled_graphs() if compiled else 0
+        started = time.perf_counter()
+        sweep(runner, context, max_fed, tree_nodes)
+        facts["sweeps_s"].append(time.perf_counter() - started)
+        step and step("sweep")
+        if not compiled or compiled_graphs() == graphs:
+            break
+    else:
+        raise StillCompiling(f"still compiling new graphs after {sweeps} warm-up sweeps of n = 1..{max_fed} "
+                             f"({compiled_graphs() - graphs_before} graphs): a recompile per call?")  # fmt: skip
+    if compiled:
+        facts["graphs"] = compiled_graphs() - graphs_before
+    return facts
+
+
+def warm_stage(runner, label: str, vocab: int, tree_nodes: int = 0) -> float:
+    """A compiled stage's warm-up before it serves (a progress bar on stderr): its seconds."""
+    from tqdm.auto import tqdm
+
+    context = [(7 * i + 3) % vocab for i in range(WARM_CONTEXT)]
+    started = time.perf_counter()
+    with tqdm(total=1 + WARM_UP_SWEEPS, desc=f"compiling {label}", unit="part", file=sys.stderr,
+              leave=False, disable=None) as bar:  # fmt: skip
+        warm_up(runner, context, WARM_FED, tree_nodes, step=lambda what: bar.update(1))
+    runner.start()  # the warm-up's cache goes: the first request starts from an empty one
+    return time.perf_counter() - started
