@@ -154,6 +154,7 @@ def test_a_failing_compiled_variant_is_reported_and_the_others_measured(tiny_mod
     """An error of the compiled model (here: at its first call) fails that variant with a one-line reason."""
     from experiments import kernels
     from experiments.tiny import random_prompts
+    from pipespec import compiled
 
     def broken(model):
         def forward(*args, **kwargs):
@@ -162,7 +163,7 @@ def test_a_failing_compiled_variant_is_reported_and_the_others_measured(tiny_mod
         model.forward = forward
         return model
 
-    monkeypatch.setattr(kernels, "compile_forward", broken)
+    monkeypatch.setattr(compiled, "compile_forward", broken)  # what the stage option `compile` applies
     prompts = [(f"p{i}", p) for i, p in enumerate(random_prompts(2, length=8, seed=3))]
     stage = kernels.compare_stage(StageSpec(model=tiny_models([])[-1]), ("torch", "compile", "onednn"), prompts,
                                   max_fed=2, repeats=1, budget=4, log=lambda text: None)  # fmt: skip
