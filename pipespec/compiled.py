@@ -1,14 +1,16 @@
 """Compiled stages: a model stage's forward compiled by `torch.compile` (inductor), warmed before it serves.
 
-A stage with `compile: true` compiles its model's forward with dynamic shapes (`compile_forward`): one
-graph for one token fed, one for any other count, on a KV cache (transformers' DynamicCache) of any length;
-a cache cropped after a rollback is a strided view, which dynamo guards on, so one or two more. Each call
+A stage with `compile: true` compiles its model's forward with dynamic shapes (`compile_forward`): graphs
+for one token fed and for any other count, on an empty KV cache (transformers' DynamicCache), a contiguous
+one or one cropped after a rollback (a strided view, which dynamo guards on): 6-8 graphs in all. Each call
 runs under inductor's freezing, so the weights (prepacked for oneDNN where the stage's kernels are) are
 graph constants, and with an error, not a silent eager fallback, where dynamo would give up recompiling.
 
-`warm_up` compiles every graph the stage loop will run before the first timed call: a prefill, then sweeps
-of 1..`WARM_FED` tokens fed after a crop (the verifier's cache pattern), and of a token tree where the
-stage's drafter proposes trees, until a sweep compiles no new graph. Its seconds are the stage's warm-up,
+`warm_up` compiles every graph the stage loop will run before the first timed call (`sweep`: first calls
+on an empty cache, 1..`WARM_FED` tokens fed after a crop, steps that extend the cache, a seeded walk of
+partial acceptances, token trees where the stage's drafter proposes them), until a sweep compiles no new
+graph. `CausalLMRunner` makes each first call's K/V contiguous for a compiled model, so the guards see a
+contiguous cache or a crop of one. The warm-up's seconds are the stage's warm-up,
 reported apart from any call (`Pipeline.warm_up_s`). Inductor's C++ kernels are cached on disk
 (`artefact_cache`, under `pipespec.cache.cache_root() / "inductor"` unless TORCHINDUCTOR_CACHE_DIR is
 set); its graph cache skips graphs with frozen weights, so a second start still lowers every graph.
@@ -99,9 +101,10 @@ def compile_forward(model):
 def sweep(runner, context: list[int], max_fed: int, tree_nodes: int = 0, seed: int = 0) -> None:
     """One untimed sweep over the stage loop's cache patterns after `context`: first calls on an empty cache
     (with drafts and without), n = 1..max_fed tokens fed after a crop (a verifier after a rollback: the
-    cache a strided view), steps of 1 and 2 tokens that extend the cache (contiguous), then a seeded walk of verifications that keep a random part of their drafts, each
-    next step extending the cache or cropping it first, with a two-branch token tree of up to `tree_nodes`
-    nodes among them where > 0 (their guards are on sizes, strides and whether the cache is empty)."""
+    cache a strided view), steps of 1 and 2 tokens that extend the cache (contiguous), then a seeded walk
+    of verifications that keep a random part of their drafts, each next step extending the cache or
+    cropping it first, with a two-branch token tree of up to `tree_nodes` nodes among them where > 0 (the
+    guards are on sizes, strides and whether the cache is empty)."""
     import random
 
     rng = random.Random(seed)

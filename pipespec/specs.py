@@ -162,8 +162,8 @@ def trees_fed(specs: Sequence[StageSpec], index: int) -> int:
 
 
 def check_compile_option(spec: StageSpec) -> None:
-    """`compile`: true or false, for CPU model stages of float32 or int8-dynamic weights (torch.compile's
-    inductor is not set up here for the CUDA stages' placement and nf4)."""
+    """`compile`: true or false, for unquantized CPU model stages (pipespec sets inductor up for CPU
+    float32 and bfloat16 graphs only; torch.ao's dynamically quantized int8 linears are not compiled)."""
     if not isinstance(spec.compile, bool):
         raise ConfigError(f"stage option 'compile' must be true or false, got {spec.compile!r}")
     if not spec.compile:
@@ -171,9 +171,9 @@ def check_compile_option(spec: StageSpec) -> None:
     if spec.kind != "hf":
         raise ConfigError(f"stage option 'compile' is for model stages (kind 'hf'): a {spec.kind} stage has no "
                           "model to compile")  # fmt: skip
-    if not str(spec.device).startswith("cpu") or spec.quantize == "nf4":
-        raise ConfigError(f"stage option 'compile' runs CPU stages (float32 or int8-dynamic), not device "
-                          f"{spec.device!r} with quantize {spec.quantize!r}")  # fmt: skip
+    if not str(spec.device).startswith("cpu") or spec.quantize is not None:
+        raise ConfigError(f"stage option 'compile' runs unquantized CPU stages, not device {spec.device!r} "
+                          f"with quantize {spec.quantize!r}")  # fmt: skip
 
 
 def _check_nf4(devices: Sequence[str], present: bool) -> None:

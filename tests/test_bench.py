@@ -206,6 +206,8 @@ def test_hf_systems_and_our_greedy_run_at_the_faster_thread_count(tmp_path):
         best = max(timed, key=lambda t: t["tokens_per_s"])["threads"]
         assert rows[name]["settings"]["threads"] == best
         assert rows[name]["identical_to_greedy"] == "4/4"
+    greedy_threads = rows["greedy"]["settings"]["threads"]  # the k2 pipeline at 1 thread, the target alone at 2
+    assert len(rows["greedy"]["stages"]) == (2 if greedy_threads == 1 else 1)
     assert report["hf_greedy_reference"] == "hf_greedy" and "fastest HF greedy (hf_greedy)" in (tmp_path / "bench.md").read_text()
 
 

@@ -22,6 +22,7 @@ PROMPTS = [[5, 17, 99, 23, 41, 7, 3], [200, 13, 13, 13, 56, 8, 101, 9, 44, 2, 77
         ({"kind": "prompt_lookup", "compile": True}, "'compile' is for model stages"),
         ({"model": "some/model", "compile": "yes"}, "'compile' must be true or false"),
         ({"model": "some/model", "compile": 1}, "'compile' must be true or false"),
+        ({"model": "some/model", "compile": True, "quantize": "int8-dynamic"}, "'compile' runs unquantized CPU"),
     ],
 )
 def test_a_compile_option_that_cannot_apply_is_refused_clearly(options, message):

@@ -303,6 +303,8 @@ class Systems:
                 out[f"{system.name}_threads"] = [{"threads": t, "tokens_per_s": r} for t, r in zip(candidates, rates)]
                 self.threads[system.name] = candidates[best]
                 system.settings = {**system.settings, "threads": candidates[best]}
+                if system.name == "greedy":  # it runs on the pipeline of that thread count: its stages' names
+                    system.stages = list(self.greedy_pipe(candidates[best]).names)
 
     def compile_hf(self, systems: list[System], prompt: list[int], max_new: int) -> list[System]:
         """Compile hf_compiled's decoding step before anything is timed (its seconds recorded); where this machine
