@@ -5,6 +5,7 @@ A module that uses `tiny` or `pipes` says what it wants in module-level constant
     TINY = {"noise": [0.3, 0.05], "eos_token_id": None}   # experiments.tiny.build_tiny_hierarchy options
     K2_STAGES = (0, -1)            # which two of the tiny stages make the k=2 pipeline (default: the last two)
     PIPELINE_OPTIONS = {...}       # passed to every Pipeline of `pipes`
+    SLOW_FIXTURES = ("swept",)     # fixtures that cost a subprocess run or a long sweep: their tests are `slow`
 
 `tiny` is the list of model directories (drafts in noise order, target last); `pipes` is
 {2: Pipeline, 3: Pipeline}, open for the whole module. Hierarchies are built once per session.
@@ -22,6 +23,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # runs them on torch's. The default oneDNN path is tested on tiny models explicitly (test_kernels.py,
 # test_bench.py) and through every strategy on the real SmolLM2 hierarchies (test_smollm2.py).
 os.environ.setdefault("PIPESPEC_KERNELS", "torch")
+
+
+def pytest_collection_modifyitems(items):
+    """A test that needs one of its module's SLOW_FIXTURES (directly or through another fixture) is `slow`:
+    `pytest -m "not slow"` leaves it to the whole suite."""
+    for item in items:
+        slow = getattr(getattr(item, "module", None), "SLOW_FIXTURES", ())
+        if set(slow) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

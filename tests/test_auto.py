@@ -17,6 +17,7 @@ from pipespec.errors import ConfigError
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_auto")
+SLOW_FIXTURES = ('auto_run',)  # a runner `auto` run that measures a profile: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent

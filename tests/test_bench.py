@@ -45,6 +45,7 @@ def bench(tmp_path, *overrides, timeout=240, kernels="torch"):
     )
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_on_tiny_models(tmp_path):
     done = bench(tmp_path, *TINY, kernels="onednn")  # oneDNN for our stages (pinned: tiny models measure torch's
     # faster), torch's for HF
@@ -190,6 +191,7 @@ def test_prompt_offset_skips_the_first_prompts():
         load_prompts({**cfg, "prompt_offset": 163}, tokenizer, None, "base")
 
 
+@pytest.mark.slow
 def test_hf_systems_and_our_greedy_run_at_the_faster_thread_count(tmp_path):
     """The pre-pass times HF greedy at 1 and 2 threads and our greedy in the k2 pipeline (1 thread) and alone at 2;
     each runs at the faster, recorded in its settings and the pre-pass record; identity holds at both."""

@@ -89,6 +89,7 @@ def test_cascade_is_refused_without_a_model_free_first_stage(tiny):
         Pipeline([{"kind": "prompt_lookup"}] + list(tiny[-2:]), strategy="sd", lookahead=2, cascade=True)
 
 
+@pytest.mark.slow  # a statistical test over thousands of pipeline tokens
 def test_a_sampled_cascade_follows_the_target_distribution(tiny_models, one_thread):
     """The taken proposals travel with their point-mass distributions, so the target's rule sees the
     draft's true q: the same calibration test as every sampled pipeline (tests/test_sampling.py)."""

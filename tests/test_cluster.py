@@ -27,6 +27,7 @@ from analysis.rundir import (
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_cluster")
+SLOW_FIXTURES = ('submitit_sweep', 'basic_sweep')  # sweeps of subprocess jobs: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,6 +221,7 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.slow
 @needs_launcher
 def test_a_job_killed_mid_run_resumes_and_the_other_job_is_untouched(tmp_path):
     sweep = tmp_path / "sweep"

@@ -69,7 +69,13 @@ def prompt_block(strategy_index: int, lookahead_index: int) -> range:
     return range(5 * block, 5 * block + 5)
 
 
-@pytest.mark.parametrize("hierarchy", list(HIERARCHIES))
+# the deeper ones run in the whole suite; the inner loop (`-m "not slow"`) runs k = 2 and one k = 3
+SLOW_HIERARCHIES = {"k3-low-medium", "k4-low-medium-high"}
+
+
+@pytest.mark.parametrize(
+    "hierarchy", [pytest.param(h, marks=pytest.mark.slow) if h in SLOW_HIERARCHIES else h for h in HIERARCHIES]
+)
 def test_all_strategies_identical_to_greedy(hierarchy, by_name, prompts, reference):
     stages = [by_name[d] for d in HIERARCHIES[hierarchy]] + [by_name["target"]]
     with Pipeline(stages, strategy="pipespec") as pipe:

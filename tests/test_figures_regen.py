@@ -18,6 +18,7 @@ from analysis import figures
 # the official logs' predictions are remembered per process (analysis.evaluate): the tests that need them share
 # one xdist worker (scripts/test.sh runs --dist loadgroup) and compute them once
 pytestmark = pytest.mark.xdist_group("official_logs")
+SLOW_FIXTURES = ('regenerated',)  # every figure regenerated: their tests are `slow` (conftest.py)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = REPO_ROOT / "paper_figures"

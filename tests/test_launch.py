@@ -15,6 +15,7 @@ from analysis.rundir import read_records
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_launch")
+SLOW_FIXTURES = ('greedy',)  # torchrun worlds: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +84,7 @@ def test_two_torchrun_nodes_meet_at_one_rendezvous(greedy, tmp_path):
     assert sum("tiny-target" in out for out, _ in outputs) == 1  # one driver, on one of the nodes
 
 
+@pytest.mark.slow
 def test_a_killed_stage_rank_is_named_and_every_process_ends(tmp_path):
     run_dir = tmp_path / "run"
     launcher = torchrun("--standalone", "--nproc_per_node=4",
@@ -111,6 +113,7 @@ def test_a_killed_stage_rank_is_named_and_every_process_ends(tmp_path):
     assert not left, [(p.pid, p.cmdline()[:4]) for p in left]
 
 
+@pytest.mark.slow
 def test_a_world_of_the_wrong_size_is_a_clear_error(tmp_path):
     result = subprocess.run(
         [TORCHRUN, "--standalone", "--nproc_per_node=3", *RUN, *SMALL, f"hydra.run.dir={tmp_path / 'run'}"],

@@ -11,6 +11,7 @@ import pytest
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_lm_eval")
+SLOW_FIXTURES = ('hf_results', 'pipespec_results')  # lm-eval evaluations: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,6 +199,7 @@ def test_a_generation_option_the_pipeline_cannot_honour_is_refused():
 
 
 @needs_lm_eval
+@pytest.mark.slow
 def test_the_command_line_finds_the_model_and_prints_one_error_line(task_dir):
     result = subprocess.run(
         [sys.executable, "-m", "experiments.lm_eval", "--model", "pipespec", "--model_args",

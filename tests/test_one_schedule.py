@@ -243,6 +243,7 @@ def test_free_drafters_constant_cost_reproduce_eq4(alpha, gamma):
     assert result.tokens_per_second == pytest.approx(eq4, rel=0.02)  # target step = 1 s: tokens/s = tokens/step
 
 
+@pytest.mark.slow
 def test_sizing_ab_times_both_variants_on_one_pipeline():
     import json
     import os

@@ -15,6 +15,7 @@ from pipespec.errors import ConfigError
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_profile_predict")
+SLOW_FIXTURES = ('tiny_profile',)  # a measured profile: their tests are `slow` (conftest.py)
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -41,7 +42,8 @@ def test_profile_holds_what_prediction_needs(tiny_profile):
     assert len(pair["acceptance_by_position"]) == 8 and pair["offered_by_position"][0] == pair["starts"] > 0
     assert all(o >= a for o, a in zip(pair["offered_by_position"], pair["accepted_by_position"]))
     assert raw["machine"]["cpu"]["vector_extensions"] is not None and raw["machine"]["threads_per_stage"] == [1, 1]
-    assert profile.handoff_s > 0 and raw["duration_s"] < 60
+    # a short profile: 75 s on a 2-core machine in an hour that ran SmolLM2 1.8x slower than its quiet speed
+    assert profile.handoff_s > 0 and raw["duration_s"] < 150
     assert pf.mismatches(profile) == []  # measured here
 
 
@@ -265,6 +267,7 @@ def test_costs_from_reuses_the_costs_and_measures_acceptance(tiny_profile, tmp_p
     assert "another cpu" in done.stderr and not (tmp_path / "b" / "profile.json").exists()
 
 
+@pytest.mark.slow
 def test_a_cached_cost_sweep_is_reused_and_the_time_goes_to_acceptance(tmp_path, monkeypatch):
     """Without costs_from, a profile reuses the cost sweep cached for the same machine, stages and cost
     options, and caches the one it measures; the short profile then takes more prompts."""

@@ -19,6 +19,7 @@ import pytest
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_reliability_cli")
+SLOW_FIXTURES = ('bad_runs',)  # runs of the command line: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent

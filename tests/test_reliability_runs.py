@@ -98,6 +98,7 @@ def test_a_stage_fault_mid_run_leaves_valid_results_and_resume_completes(tmp_pat
 # ---- a multirun killed at several points and resumed ---------------------------------------
 
 
+@pytest.mark.slow
 def test_a_multirun_killed_at_random_points_resumes_with_each_sample_once():
     """The reliability command's resume check: kills inside run 0, between runs, inside run 1, a torn line."""
     from experiments.reliability import run_resume

@@ -24,6 +24,7 @@ from analysis.rundir import (
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_runner")
+SLOW_FIXTURES = ('multirun',)  # a Hydra multirun in a subprocess: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +166,7 @@ def test_collect_refuses_a_foreign_or_corrupt_directory(tmp_path):
 # ---- resume ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path):
     run_dir = tmp_path / "run"
     args = ["models=tiny_k2", "strategy=sd", "strategy.lookahead=3", "dataset=news_lee_cnndm",

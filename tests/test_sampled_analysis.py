@@ -159,6 +159,7 @@ def tried_positions(trace, n_tokens: int) -> list[int]:
 # ---- ground truth vs estimate, in process -----------------------------------------------------
 
 
+@pytest.mark.slow  # a statistical test over thousands of pipeline tokens
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_fitted_alpha_matches_the_exact_acceptance(pipes, models, case):
     prompts = prompts_for(case)

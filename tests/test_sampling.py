@@ -352,6 +352,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # a statistical test over thousands of pipeline tokens
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-k{c[1]}-L{c[2]}" for c in CASES])
 def test_pipeline_samples_the_target_distribution(pipes, target_model, case):
     strategy, k, lookahead, sampling, calls, options = case
@@ -370,6 +371,7 @@ def test_pipeline_samples_the_target_distribution(pipes, target_model, case):
 # the target keeps every draft unchecked; or the middle does, and so sends its own p for tokens that
 # follow the drafter's q, and the target tests them against the wrong q (untruncated sampling: under
 # top-k / top-p the target already refuses a draft its sender gave probability 0, a louder failure)
+@pytest.mark.slow  # a statistical test over thousands of pipeline tokens
 @pytest.mark.parametrize(
     "strategy, k, wrong_stage, sampling, calls", [("sd", 2, 1, TOP_K, 40), ("pipespec", 3, 1, Sampling(1.0), 40)]
 )

@@ -36,6 +36,7 @@ from experiments.export import export_specbench, main as export_main
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_specbench")
+SLOW_FIXTURES = ('sweep',)  # a Spec-Bench sweep: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,6 +13,7 @@ from analysis.rundir import read_records, read_summary
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_sweep")
+SLOW_FIXTURES = ('swept',)  # a paired sweep: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +59,7 @@ def test_every_configuration_runs_every_slot_identical_to_greedy_with_paired_fig
     assert "| sd_L2 |" in done.stdout and "speedup vs greedy" in (out / "paired.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tmp_path):
     import shutil
 

@@ -254,6 +254,7 @@ def tree_samples(tiny_models, strategy: str, lookahead: int, calls: int, faults=
         return models, draw_outputs(pipe, strategy, lookahead, TOP_K, calls, faults=faults)
 
 
+@pytest.mark.slow  # a statistical test over thousands of pipeline tokens
 @pytest.mark.parametrize("strategy, lookahead", [("sd", 4), ("pipespec", 2)])
 def test_sampled_trees_follow_the_target_distribution(tiny_models, strategy, lookahead):
     """The project's distribution test (tests/test_sampling.py): every token against the target's exact

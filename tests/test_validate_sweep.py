@@ -25,6 +25,7 @@ from analysis.paired import PairedSpeedup, Sample
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_validate_sweep")
+SLOW_FIXTURES = ('tiny_profile', 'swept')  # a measured profile and a paired sweep: their tests are `slow` (conftest.py)
 
 
 ROOT = Path(__file__).resolve().parent.parent
