@@ -69,8 +69,8 @@ def prompt_block(strategy_index: int, lookahead_index: int) -> range:
     return range(5 * block, 5 * block + 5)
 
 
-# the deeper ones run in the whole suite; the inner loop (`-m "not slow"`) runs k = 2 and one k = 3
-SLOW_HIERARCHIES = {"k3-low-medium", "k4-low-medium-high"}
+# all of them in the whole suite; the inner loop (`-m "not slow"`) runs one k = 2 and one k = 3
+SLOW_HIERARCHIES = {"k2-low", "k2-medium", "k3-low-medium", "k4-low-medium-high"}
 
 
 @pytest.mark.parametrize(
@@ -301,6 +301,7 @@ def test_bad_generate_arguments(by_name):
     assert not pipe.started  # nothing was started for a refused call
 
 
+@pytest.mark.slow
 def test_stages_started_by_an_external_launcher(by_name, prompts, reference, tmp_path):
     """The torchrun path: stage ranks are separate programs that find the driver by address."""
     import json
@@ -331,6 +332,7 @@ def test_stages_started_by_an_external_launcher(by_name, prompts, reference, tmp
             p.kill()
 
 
+@pytest.mark.slow
 def test_quiet_links_outlive_the_start_timeout(by_name, prompts, reference):
     """No message ever flows from the first stage to the target: that link must not time out.
     (gloo's group timeout once ended such a receive after start_timeout_s, killing long runs.)"""

@@ -39,6 +39,7 @@ def _run(*args, timeout=180):
 
 @pytest.mark.skipif(not OFFICIAL_DIR.is_dir(), reason=f"official logs absent: {OFFICIAL_DIR}")
 @pytest.mark.xdist_group("official_logs")  # with the other tests of the published logs' predictions
+@pytest.mark.slow  # every figure, from the published logs' predictions
 def test_all_figures_from_logs_and_fixture(tmp_path):
     written, notes = figures.make_figures(OFFICIAL_DIR, FIXTURE, tmp_path)
     names = {p.name for p in written}

@@ -290,6 +290,7 @@ def test_a_run_records_margins_identity_classes_and_gpu_facts(tmp_path):
     assert {"cuda", "driver", "bitsandbytes"} <= set(env)
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_on_a_cpu():
     import os
     import subprocess

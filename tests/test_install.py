@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+SLOW_FIXTURES = ("install",)  # a wheel-style install into a folder: its tests are `slow` (conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "pipespec", "experiments", "analysis", "conf")
 
@@ -96,6 +98,7 @@ def test_entry_points_find_their_config_from_the_install(install, tmp_path, entr
     assert f"\n{key}:" in "\n" + done.stdout
 
 
+@pytest.mark.slow
 def test_editable_install_composes_every_config_from_the_top_level_conf(tmp_path):
     """`pip install -e` maps the package pipespec_conf to the checkout's conf/: edits there are seen."""
     source = copy_sources(tmp_path / "source")

@@ -101,6 +101,7 @@ def test_profile_from_elsewhere_names_the_mismatch(tiny_profile):
         pf.parse_profile(raw)
 
 
+@pytest.mark.slow
 def test_background_stages_pause_and_run_as_told():
     """Contention is measured in alternating sweeps: a background stage told to pause takes no step
     until it is told to run again (else the "alone" sweeps would be loaded too)."""

@@ -89,6 +89,7 @@ CASES = [
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+SLOW_FIXTURES = ("runner_process",)  # a sampled multirun beside every test (autouse): the module is `slow` (conftest.py)
 TINY = {"noise": NOISE, "eos_token_id": None, "vocab_size": VOCAB}  # drafter, middle, target; no EOS
 K2_STAGES = (0, -1)  # the k=2 pipeline pairs the drafter with the target
 

@@ -174,6 +174,7 @@ class MarkovWorld:
         return counts
 
 
+@pytest.mark.slow  # a statistical test over thousands of draws
 def test_three_level_chain_in_process_matches_target():
     """Every emitted token travels with the emitter's own p (accepted draft or correction alike)."""
     world = MarkovWorld(Sampling(1.0))

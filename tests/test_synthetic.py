@@ -62,7 +62,10 @@ def check_summary_rate(results, stage, rows, rate):
 
 
 @pytest.mark.parametrize("strategy, lookahead", [("sd", 4), ("pipespec", 2)])
-@pytest.mark.parametrize("k, rates", [(2, [0.2]), (2, [0.8]), (3, [0.2, 0.8]), (3, [0.8, 0.2])])
+@pytest.mark.parametrize(
+    "k, rates", [(2, [0.2]), (2, [0.8]), pytest.param(3, [0.2, 0.8], marks=pytest.mark.slow),
+                 pytest.param(3, [0.8, 0.2], marks=pytest.mark.slow)]
+)
 def test_measured_acceptance_follows_the_rate(pipes, strategy, lookahead, k, rates):
     prompts = random_prompts(6, length=8, seed=k)
     first_seed = 100 * k + round(10 * rates[0])  # coin streams of their own: the cases stay independent

@@ -88,6 +88,7 @@ pipe.close()
 """
 
 
+@pytest.mark.slow
 def test_a_script_without_the_main_guard_is_told_the_fix(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(textwrap.dedent(UNGUARDED))

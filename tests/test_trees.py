@@ -273,6 +273,7 @@ def test_sampled_trees_follow_the_target_distribution(tiny_models, strategy, loo
     assert check.pvalue > PASS_P, check
 
 
+@pytest.mark.slow  # a statistical test over thousands of draws
 def test_a_wrong_tree_rule_fails_the_same_test(tiny_models):
     """The verifier follows the likeliest child without drawing (the fault "accept_drafts")."""
     from test_sampling import PASS_P, TOP_K, calibration_test, target_conditionals
