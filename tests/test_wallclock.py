@@ -184,6 +184,9 @@ def test_cli_on_runs_and_bad_directory(tmp_path):
 # --------------------------------------------------------------------------- the published 70B logs
 
 
+SLOW_FIXTURES = ("greedy_70b",)  # the published logs' predictions (calibrated simulations): `slow` (conftest.py)
+
+
 @pytest.fixture(scope="module")
 def greedy_70b():
     if not OFFICIAL_DIR.is_dir():
