@@ -65,10 +65,13 @@ def test_auto_and_predict_refuse_it():
         check_auto_options(0.0, 0.1)
 
 
-@pytest.mark.parametrize("strategy, lookahead", [("pipespec", 0), ("sd", 4)])
+@pytest.mark.parametrize("strategy, lookahead", [("pipespec", 2), ("sd", 4)])
 def test_a_value_stopping_pipeline_is_identical_to_greedy_and_drafts_less(tiny, strategy, lookahead):
-    """A noisy drafter (few of its drafts survive) with a high slowdown: after the first commits it drafts
-    only one token ahead, wasting less; the output is the target's greedy one either way."""
+    """A noisy drafter (few of its drafts survive) with a high slowdown: once it knows the target's pace
+    (from its first value-stopping call on; the estimates carry over) it keeps one draft ahead, so the target, which waits
+    for `lookahead` drafts without it, is offered one; the output is the target's greedy one either way.
+    The count is what value_stop decides, not the rollbacks, whose number depends on how the two
+    processes happen to be scheduled."""
     import torch
 
     from pipespec.api import Pipeline
@@ -81,12 +84,15 @@ def test_a_value_stopping_pipeline_is_identical_to_greedy_and_drafts_less(tiny, 
     prompts = random_prompts(3, length=10, seed=5)
     runner = CausalLMRunner(load_model(StageSpec(model=tiny[-1])))
     reference = [greedy_generate(runner, p, MAX_NEW, [1]) for p in prompts]
-    wasted = {}
+    offered = {}  # value_stop -> per call, the drafts offered to each of the target's verifications
     with Pipeline([tiny[0], tiny[-1]], strategy=strategy, lookahead=lookahead, max_lead=8) as pipe:
         for stop in (0.0, 50.0):
-            wasted[stop] = 0
+            offered[stop] = []
             for prompt, expected in zip(prompts, reference):
                 result = pipe.generate(prompt, MAX_NEW, value_stop=stop)
                 assert result.tokens == expected
-                wasted[stop] += result.summary()[0]["rollback_tokens"]
-    assert wasted[50.0] < wasted[0.0]
+                steps = result.stage_traces[-1].steps
+                offered[stop].append([n for kind, n in zip(steps["kind"], steps["offered"]) if kind == "verify"])
+    assert max(max(call) for call in offered[0.0]) >= lookahead  # it waits for them (pipespec: or more)
+    learned = [n for call in offered[50.0][1:] for n in call]  # its estimates carry over between calls
+    assert learned and max(learned) == 1, offered[50.0]
