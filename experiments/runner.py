@@ -200,13 +200,20 @@ def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
     """Run `config` (a `RunConfig`, or the composed dict it is made from) into `run_dir`; the summary."""
     from tqdm import tqdm
 
+    from pipespec.api import stop_stage_server, warm_stage_server
+
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     run_dir = Path(run_dir)
     progress = run.options.progress if progress is None else progress
-    # every check (options, vocabularies, prompt lengths) runs before anything is written
-    full, (run, prompts, auto) = run, prepare(run)
-    pipe = make_pipeline(full, run, auto)
-    store = open_store(run_dir, run.raw, run.options.resume)
+    started_server = warm_stage_server()  # the stage processes' imports run while the prompts are prepared
+    try:  # every check (options, vocabularies, prompt lengths) runs before anything is written
+        full, (run, prompts, auto) = run, prepare(run)
+        pipe = make_pipeline(full, run, auto)
+        store = open_store(run_dir, run.raw, run.options.resume)
+    except BaseException:
+        if started_server:
+            stop_stage_server()
+        raise
     todo = [p for p in prompts.prompts if p.sample_id not in store.finished_ids]
     store.write_config(run.raw)
     store.write_env(environment(list(pipe.specs)))
@@ -214,7 +221,7 @@ def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
         print(f"resuming {run_dir}: {len(store.records)} samples done, {len(todo)} to go", file=sys.stderr)
     dataset = prompts.dataset
     monitor = GpuMonitor(run_dir / "gpu.csv") if run.options.gpu_monitor else contextlib.nullcontext()
-    with monitor, pipe:
+    with monitor, pipe if todo else contextlib.nullcontext():  # a finished run resumed starts no stage
         if todo and run.options.warmup_tokens:
             pipe.generate(todo[0].ids, run.options.warmup_tokens)
         label = f"{run.hierarchy} {run.call.strategy} {dataset.name}"

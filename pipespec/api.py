@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import numbers
+import os
 import signal
 import socket
 import threading
@@ -44,6 +45,7 @@ from pipespec.errors import ConfigError, StageError
 from pipespec.launch import (
     UNGUARDED_MAIN_EXIT,
     LaunchEnv,
+    bootstrapping_child,
     exit_if_bootstrapping_child,
     resolve_launch,
     unguarded_main_message,
@@ -128,6 +130,36 @@ def _context():
     return ctx
 
 
+def warm_stage_server(launch: str | None = None) -> bool:
+    """Start, without waiting for it, the fork server local stage processes are forked from, so that its
+    imports (torch, transformers, the stage loop: seconds of CPU) overlap the caller's own work before
+    `Pipeline.start` (loading tokenizers, reading a dataset). True when this call started it; nothing
+    under torchrun or an external launch, whose stages are processes of their own."""
+    if resolve_launch(launch) != "local" or bootstrapping_child():
+        return False
+    from multiprocessing import forkserver
+
+    _context()
+    running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+    forkserver.ensure_running()
+    return not running
+
+
+def stop_stage_server() -> None:
+    """End the fork server now. For a caller that started it (`warm_stage_server` returned True) and failed
+    before any stage was forked from it: left alone, it would go on importing torch for seconds after the
+    caller has exited."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    server._stop()  # reaps it and forgets it: the next start starts a fresh one
+
+
 def _as_failure(sender: int, message) -> Failed | None:
     """A stage's report, or the driver's own broken link to a stage (`waited_for` None), as a Failed."""
     if isinstance(message, LinkBroken):
@@ -199,13 +231,13 @@ class Pipeline:
         check_timeout("start_timeout_s", start_timeout_s)
         check_timeout("stall_timeout_s", stall_timeout_s)
         self.start_timeout_s, self.stall_timeout_s = start_timeout_s, stall_timeout_s
-        # refuse mismatched vocabularies before any stage process starts
-        self.tokenizer = check_shared_vocabulary(self.specs)
-        check_compilers(self.specs)
-        self.eos_ids = eos_token_ids(self.specs[-1].model)
-        self.context_length = context_length(self.specs[-1].model)
-        for spec in self.specs:
-            check_tree_nodes(spec, self.context_length)
+        started_server = warm_stage_server(launch)  # its imports run while the checks below load tokenizers
+        try:
+            self._check_models()
+        except BaseException:
+            if started_server:
+                stop_stage_server()
+            raise
         self.names = self._stage_names()
         self.processes: list = []
         self.transport = None
@@ -224,6 +256,16 @@ class Pipeline:
             from pipespec.stage import serve_stage_rank
 
             serve_stage_rank(self.launch_env, self.specs, start_timeout_s)  # this rank is a stage: never returns
+
+    def _check_models(self) -> None:
+        """What the model files must allow, before any stage process starts: a shared vocabulary, a working
+        compiler where a stage compiles, tree sizes within the target's context."""
+        self.tokenizer = check_shared_vocabulary(self.specs)
+        check_compilers(self.specs)
+        self.eos_ids = eos_token_ids(self.specs[-1].model)
+        self.context_length = context_length(self.specs[-1].model)
+        for spec in self.specs:
+            check_tree_nodes(spec, self.context_length)
 
     @property
     def stage_kinds(self) -> list[str]:

@@ -1,5 +1,6 @@
 """The Hydra runner, the results store and collect: composition, sweeps, resume, errors."""
 
+import contextlib
 import itertools
 import json
 import os
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -278,13 +280,36 @@ def test_bad_options_give_one_line_errors_and_write_no_results(override, message
     (tmp_path / "empty.jsonl").write_text("")
     overrides = override.replace("FIXTURE", str(tmp_path / "x.jsonl")).replace("EMPTY", str(tmp_path / "empty.jsonl"))
     dataset = [] if override.startswith("dataset=") else ["dataset=news_lee_cnndm"]
-    result = run_cli("models=tiny_k2", *dataset, "dataset.n_samples=1", "max_new_tokens=4",
-                     *overrides.split(), f"hydra.run.dir={run_dir}", timeout=120)  # fmt: skip
+    tag = f"pipespec-test-{uuid.uuid4().hex}"  # in the environment of every process the run starts
+    with open(tmp_path / "err.txt", "w+") as err:  # a file, not a pipe: the call returns when the run exits
+        code = subprocess.call([sys.executable, "-m", "experiments.run", "models=tiny_k2", *dataset, "dataset.n_samples=1",
+                                "max_new_tokens=4", *overrides.split(), f"hydra.run.dir={run_dir}", "run.progress=false"],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, timeout=120,
+                               env={**os.environ, "PIPESPEC_TEST_TAG": tag})  # fmt: skip
+        left = tagged_processes(tag, grace_s=2.0)
+        err.seek(0)
+        result = subprocess.CompletedProcess([], code, "", err.read())
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert not (run_dir / "samples.jsonl").exists() and not (run_dir / "summary.json").exists()
+    assert not left, f"processes the failed run started outlived it: {left}"
+
+
+def tagged_processes(tag: str, grace_s: float) -> list[str]:
+    """The command lines of the processes whose environment holds PIPESPEC_TEST_TAG=tag and that are alive
+    `grace_s` after the call (multiprocessing's resource tracker ends a moment after its last user)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        found = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("PIPESPEC_TEST_TAG") == tag and process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(" ".join(process.cmdline())[:200])
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def test_an_unknown_config_key_is_refused_by_hydra(tmp_path):
