@@ -80,7 +80,7 @@ class StageFailure(RuntimeError):
 class StageEngine:
     """What a stage computes with: a causal LM runner, or a model-free drafter (pipespec.drafters)."""
 
-    def __init__(self, spec: StageSpec, trees_fed: int = 0):
+    def __init__(self, spec: StageSpec, tree_nodes_fed: int = 0):
         self.spec = spec
         self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
         self.runner = None if self.lookup is not None else CausalLMRunner(load_model(spec))
@@ -89,7 +89,7 @@ class StageEngine:
             from pipespec.compiled import warm_stage
 
             vocab = self.runner.model.get_input_embeddings().num_embeddings
-            self.warm_up_s = warm_stage(self.runner, spec.label, vocab, trees_fed)
+            self.warm_up_s = warm_stage(self.runner, spec.label, vocab, tree_nodes_fed)
         self.tree_nodes = spec.tree_nodes if self.lookup is not None else 0  # > 0: proposes token trees
         self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
         self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests
@@ -467,11 +467,11 @@ def _describe(error: BaseException) -> str:
 
 def stage_process_main(
     index: int, spec: StageSpec, n_stages: int, host: str, port: int, timeout_s: float, start: int | None = None,
-    trees_fed: int = 0,
+    tree_nodes_fed: int = 0,
 ):
     """Entry point of a stage process (started by `pipespec.api.Pipeline`, or a launcher's rank): joins
-    pipeline start `start` (None: the driver's latest) at the store served at HOST:PORT. `trees_fed`: the
-    nodes of the token trees its drafter proposes (`trees_fed`), which a compiled stage warms up for."""
+    pipeline start `start` (None: the driver's latest) at the store served at HOST:PORT. `tree_nodes_fed`:
+    the nodes of the token trees its drafter proposes (`specs.trees_fed`), which a compiled stage warms up for."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -485,7 +485,7 @@ def stage_process_main(
     try:
         store = join_start(client_store(host, port, timeout_s), timeout_s, start)
         transport = GlooTransport(rank, n_stages + 1, store, peers)
-        engine = StageEngine(spec, trees_fed)
+        engine = StageEngine(spec, tree_nodes_fed)
         transport.send(0, Ready(index, os.getpid(), engine.warm_up_s))
         serve(index, n_stages, engine, Inbox(transport, os.getppid()))
     except SystemExit:
@@ -601,7 +601,7 @@ def serve_stage_rank(env: LaunchEnv, specs: list, timeout_s: float) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     stage_process_main(index, spec, len(specs), env.master_addr, env.master_port, timeout_s,
-                       trees_fed=trees_fed(specs, index))  # exits the process
+                       tree_nodes_fed=trees_fed(specs, index))  # exits the process
 
 
 def main(argv: list[str] | None = None) -> int:
