@@ -73,3 +73,51 @@ def one_thread():
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def entry_point(monkeypatch, capsys):
+    """entry_point(module, *args, function="entry") -> CompletedProcess: `python -m module args` run in this
+    process (the module's entry function with that argv; Hydra's logging left as it is), with its exit code,
+    stdout and stderr. For the bad-option tests: a CLI's error path without the seconds a fresh interpreter
+    spends importing torch. A test per entry point still runs the real command in a subprocess. The tiny
+    models' cache is built first, as any earlier run leaves it: the output is the command's own."""
+    import importlib
+    import subprocess
+    import sys
+
+    from experiments.hierarchies import tiny_model_dir
+
+    tiny_model_dir("target")
+
+    def run(module: str, *args: str, function: str = "entry") -> subprocess.CompletedProcess:
+        call = getattr(importlib.import_module(module), function)
+        argv = [module, *args, "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        monkeypatch.setattr(sys, "argv", argv)
+        capsys.readouterr()
+        try:
+            call()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_k2_profile(tmp_path_factory):
+    """A measured machine profile of tiny_k2 (`python -m experiments.profile`: acceptance on HumanEval/0 and 1,
+    a short cost sweep), measured once per worker for every module that reads one."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("profile")
+    command = [sys.executable, "-m", "experiments.profile", "models=tiny_k2", "dataset.n_samples=2",
+               "profile.max_fed=6", "profile.repeats=2", "profile.continuation=16", "profile.handoff_tokens=8",
+               "cost_cache=false", f"hydra.run.dir={out}"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out / "profile.json"

@@ -109,8 +109,8 @@ def test_bench_end_to_end_on_tiny_models(tmp_path):
         ("prompt_offset=-1", "prompt_offset must be an integer >= 0"),
     ],
 )
-def test_bad_config_is_a_one_line_error(tmp_path, override, message):
-    done = bench(tmp_path, *TINY, override, timeout=120)
+def test_bad_config_is_a_one_line_error(tmp_path, override, message, entry_point):
+    done = entry_point("experiments.bench", *TINY, override, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: ") and message in done.stderr
     assert "Traceback" not in done.stderr
@@ -238,3 +238,4 @@ def test_the_fastest_hf_greedy_is_every_headline_ratios_base():
     assert [r["ratio_vs_hf_greedy"] for r in rows] == [0.8, 1.0, 0.64, 1.0]
     (check,) = check_targets(rows, {"greedy_vs_hf_greedy": 1.0})
     assert check["value"] == pytest.approx(1.0) and "hf_compiled" in check["label"]
+

@@ -3,9 +3,6 @@ a good config kept as given, and the runner's command line turning a bad option 
 
 import copy
 import re
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +10,6 @@ import pytest
 from experiments.conf import compose
 from experiments.config import RunConfig, RunOptions
 from pipespec.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +125,10 @@ def test_plan_mode_accepts_gpus_this_machine_lacks(composed):
     ("run.stall_timeout_s=-3", "error: run.stall_timeout_s must be a number of seconds > 0, got -3"),
     ("sampling.seed=null", "error: sampling.seed must be an integer >= 0"),
 ])  # fmt: skip
-def test_the_runner_cli_turns_a_bad_option_into_one_error_line(override, message, tmp_path):
+def test_the_runner_cli_turns_a_bad_option_into_one_error_line(override, message, tmp_path, entry_point):
     run_dir = tmp_path / "bad"
-    result = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "models=tiny_k2", "dataset=news_lee_cnndm", "dataset.n_samples=1",
-         "max_new_tokens=4", override, "run.progress=false", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = entry_point("experiments.run", "models=tiny_k2", "dataset=news_lee_cnndm", "dataset.n_samples=1",
+                         "max_new_tokens=4", override, "run.progress=false", f"hydra.run.dir={run_dir}")  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(message), result.stderr[-2000:]

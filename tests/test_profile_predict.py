@@ -22,14 +22,9 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
-def tiny_profile(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile")
-    command = [sys.executable, "-m", "experiments.profile", "models=tiny_k2", "dataset.n_samples=2",
-               "profile.max_fed=6", "profile.repeats=2", "profile.continuation=16", "profile.handoff_tokens=8",
-               "cost_cache=false", f"hydra.run.dir={out}"]  # fmt: skip
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out / "profile.json"
+def tiny_profile(tiny_k2_profile):
+    """tiny_k2's measured profile (conftest.py: measured once, shared with test_validate_sweep.py)."""
+    return tiny_k2_profile
 
 
 def test_profile_holds_what_prediction_needs(tiny_profile):

@@ -4,23 +4,17 @@ expected, exit code 2, no traceback, no results written.
 tests/test_runner.py covers max_new_tokens <= 0, negative lookahead, an unknown family, a hub
 dataset without a path, a missing model path, an unknown dataset field, an empty dataset
 and an unknown config key; tests/test_engine.py the same options through the Python API.
-This file covers the rest through `python -m experiments.run`, run side by side to save
-time, and corrupt or foreign results given to collect and the analysis.
+This file covers the rest through `python -m experiments.run` (its entry run in the test's
+process: the `entry_point` fixture), and corrupt or foreign results given to collect and the analysis.
 """
 
 import json
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_reliability_cli")
-SLOW_FIXTURES = ('bad_runs',)  # runs of the command line: their tests are `slow` (conftest.py)
-
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "results_tiny"
@@ -53,34 +47,24 @@ def run_cli(module, *args, timeout=180):
 
 
 @pytest.fixture(scope="module")
-def bad_runs(tmp_path_factory):
-    """Every bad run at once (three at a time): (result, run directory) per case."""
-    from experiments.hierarchies import tiny_model_dir
+def other_vocab(tmp_path_factory) -> str:
+    """A tiny model whose vocabulary (300) is not the tiny target's (256)."""
     from experiments.tiny import build_tiny_hierarchy
 
-    tiny_model_dir("target")  # build the tiny cache before several processes want it
-    tmp = tmp_path_factory.mktemp("bad")
-    other_vocab = build_tiny_hierarchy(tmp / "vocab300", [], vocab_size=300)[0]
-
-    def one(name):
-        overrides, _ = BAD_RUNS[name]
-        run_dir = tmp / name.replace(" ", "_")
-        args = ["models=tiny_k2", "dataset=news_lee_cnndm", "dataset.n_samples=1", "max_new_tokens=4",
-                *(o.replace("OTHER_VOCAB", other_vocab) for o in overrides), "run.progress=false",
-                f"hydra.run.dir={run_dir}"]  # fmt: skip
-        return run_cli("experiments.run", *args), run_dir
-
-    with ThreadPoolExecutor(3) as pool:
-        return dict(zip(BAD_RUNS, pool.map(one, BAD_RUNS)))
+    return build_tiny_hierarchy(tmp_path_factory.mktemp("vocab300"), [], vocab_size=300)[0]
 
 
 @pytest.mark.parametrize("name", list(BAD_RUNS))
-def test_a_bad_option_is_one_error_line_and_writes_no_results(bad_runs, name):
-    result, run_dir = bad_runs[name]
+def test_a_bad_option_is_one_error_line_and_writes_no_results(name, other_vocab, tmp_path, entry_point):
+    overrides, message = BAD_RUNS[name]
+    run_dir = tmp_path / "run"
+    result = entry_point("experiments.run", "models=tiny_k2", "dataset=news_lee_cnndm", "dataset.n_samples=1",
+                         "max_new_tokens=4", *(o.replace("OTHER_VOCAB", other_vocab) for o in overrides),
+                         "run.progress=false", f"hydra.run.dir={run_dir}")  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and BAD_RUNS[name][1] in errors[0], result.stderr[-2000:]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert not (run_dir / "samples.jsonl").exists() and not (run_dir / "summary.json").exists()
     assert not (run_dir / "traces").exists()
 

@@ -86,8 +86,8 @@ def test_every_experiment_composes_and_plans(experiment, capsys):
             assert "?" not in out.split("per device")[1], f"unknown memory in {experiment} {job}"
 
 
-def test_plan_cli_on_a_gpu_config_here(tmp_path):
-    result = run_cli("models=llama3_1b_8b_70b", "run.plan=true", f"hydra.run.dir={tmp_path}/plan", timeout=120)
+def test_plan_cli_on_a_gpu_config_here(tmp_path, entry_point):
+    result = entry_point("experiments.run", "models=llama3_1b_8b_70b", "run.plan=true", f"hydra.run.dir={tmp_path}/plan")
     assert result.returncode == 0, result.stderr
     assert "cuda:2,cuda:3" in result.stdout and "nf4" in result.stdout
     assert "20.34 GiB" in result.stdout  # 70.6B x 0.5625 bytes x 1.1 over two GPUs
@@ -148,7 +148,9 @@ def test_collect_prints_and_writes_the_speedup_table(multirun, tmp_path):
     assert md_path.read_text().strip() == result.stdout.strip()
 
 
-def test_collect_refuses_a_foreign_or_corrupt_directory(tmp_path):
+def test_collect_refuses_a_foreign_or_corrupt_directory(tmp_path, capsys):
+    from experiments.collect import main as collect_main
+
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("hello")
     corrupt = tmp_path / "corrupt"
@@ -156,20 +158,17 @@ def test_collect_refuses_a_foreign_or_corrupt_directory(tmp_path):
     (corrupt / "summary.json").write_text("{not json")
     (corrupt / "config.yaml").write_text("models: {name: x}\nstrategy: {name: greedy}\ndataset: {name: d}\n")
     for bad in ("foreign", "corrupt", "missing"):
-        result = subprocess.run(
-            [sys.executable, "-m", "experiments.collect", str(tmp_path / bad)],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert result.returncode == 2
-        assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
-        assert bad in result.stderr
+        assert collect_main([str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1
+        assert bad in err
 
 
 # ---- resume ------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path):
+def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path, entry_point):
     run_dir = tmp_path / "run"
     args = ["models=tiny_k2", "strategy=sd", "strategy.lookahead=3", "dataset=news_lee_cnndm",
             "dataset.n_samples=6", "max_new_tokens=48", f"hydra.run.dir={run_dir}"]  # fmt: skip
@@ -192,7 +191,7 @@ def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path):
     time.sleep(1.0)
     assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
-    again = run_cli(*args, timeout=300)  # without resume: refused, nothing touched
+    again = entry_point("experiments.run", *args, "run.progress=false")  # without resume: refused, nothing touched
     assert again.returncode == 2 and "run.resume=true" in again.stderr
     resumed = run_cli(*args, "run.resume=true", timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -205,7 +204,8 @@ def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["n_samples"] == 6 and summary["complete"]
 
-    different = run_cli(*args[:-2], "max_new_tokens=20", f"hydra.run.dir={run_dir}", "run.resume=true")
+    different = entry_point("experiments.run", *args[:-2], "max_new_tokens=20", f"hydra.run.dir={run_dir}",
+                            "run.resume=true", "run.progress=false")  # fmt: skip
     assert different.returncode == 2 and "different max_new_tokens" in different.stderr
 
 
@@ -274,26 +274,47 @@ def test_reference_run_must_be_a_comparable_greedy_run(tmp_path):
         ("dataset=xsum dataset.path=EMPTY", "has no rows"),
     ],
 )
-def test_bad_options_give_one_line_errors_and_write_no_results(override, message, tmp_path):
+def test_bad_options_give_one_line_errors_and_write_no_results(override, message, tmp_path, entry_point):
+    from multiprocessing import forkserver
+
     run_dir = tmp_path / "bad"
-    (tmp_path / "x.jsonl").write_text(json.dumps({"id": "1", "document": "A story.", "summary": "Story."}) + "\n")
-    (tmp_path / "empty.jsonl").write_text("")
-    overrides = override.replace("FIXTURE", str(tmp_path / "x.jsonl")).replace("EMPTY", str(tmp_path / "empty.jsonl"))
+    overrides = bad_input_files(tmp_path, override)
     dataset = [] if override.startswith("dataset=") else ["dataset=news_lee_cnndm"]
-    tag = f"pipespec-test-{uuid.uuid4().hex}"  # in the environment of every process the run starts
-    with open(tmp_path / "err.txt", "w+") as err:  # a file, not a pipe: the call returns when the run exits
-        code = subprocess.call([sys.executable, "-m", "experiments.run", "models=tiny_k2", *dataset, "dataset.n_samples=1",
-                                "max_new_tokens=4", *overrides.split(), f"hydra.run.dir={run_dir}", "run.progress=false"],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, timeout=120,
-                               env={**os.environ, "PIPESPEC_TEST_TAG": tag})  # fmt: skip
-        left = tagged_processes(tag, grace_s=2.0)
-        err.seek(0)
-        result = subprocess.CompletedProcess([], code, "", err.read())
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    result = entry_point("experiments.run", "models=tiny_k2", *dataset, "dataset.n_samples=1", "max_new_tokens=4",
+                         *overrides, f"hydra.run.dir={run_dir}", "run.progress=false")  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert not (run_dir / "samples.jsonl").exists() and not (run_dir / "summary.json").exists()
+    assert getattr(forkserver._forkserver, "_forkserver_pid", None) == server, "the failed run left its stage server"
+
+
+def bad_input_files(tmp_path: Path, override: str) -> list[str]:
+    """The override's FIXTURE (one summarisation row) and EMPTY (no rows) made files under tmp_path."""
+    (tmp_path / "x.jsonl").write_text(json.dumps({"id": "1", "document": "A story.", "summary": "Story."}) + "\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    return override.replace("FIXTURE", str(tmp_path / "x.jsonl")).replace("EMPTY", str(tmp_path / "empty.jsonl")).split()
+
+
+def test_a_run_failing_its_checks_leaves_no_process_behind(tmp_path):
+    """The command itself, in a subprocess: a run whose dataset fails after the stage server has started exits
+    with one error line, and no process it started (the fork server importing torch) outlives it."""
+    run_dir = tmp_path / "bad"
+    tag = f"pipespec-test-{uuid.uuid4().hex}"  # in the environment of every process the run starts
+    with open(tmp_path / "err.txt", "w+") as err:  # a file, not a pipe: the call returns when the run exits
+        code = subprocess.call([sys.executable, "-m", "experiments.run", "models=tiny_k2", "dataset=xsum",
+                                *bad_input_files(tmp_path, "dataset.path=EMPTY"), "dataset.n_samples=1",
+                                "max_new_tokens=4", f"hydra.run.dir={run_dir}", "run.progress=false"],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, timeout=120,
+                               env={**os.environ, "PIPESPEC_TEST_TAG": tag})  # fmt: skip
+        left = tagged_processes(tag, grace_s=2.0)
+        err.seek(0)
+        stderr = err.read()
+    assert code == 2 and "Traceback" not in stderr, stderr[-2000:]
+    assert [line for line in stderr.splitlines() if line.startswith("error: ")] == [stderr.strip().splitlines()[-1]]
+    assert "has no rows" in stderr and not (run_dir / "samples.jsonl").exists()
     assert not left, f"processes the failed run started outlived it: {left}"
 
 
@@ -312,8 +333,8 @@ def tagged_processes(tag: str, grace_s: float) -> list[str]:
         time.sleep(0.1)
 
 
-def test_an_unknown_config_key_is_refused_by_hydra(tmp_path):
-    result = run_cli("max_new_token=4", f"hydra.run.dir={tmp_path}/x", timeout=60)
+def test_an_unknown_config_key_is_refused_by_hydra(tmp_path, entry_point):
+    result = entry_point("experiments.run", "max_new_token=4", f"hydra.run.dir={tmp_path}/x")
     assert result.returncode != 0 and "max_new_token" in result.stderr
 
 

@@ -243,13 +243,14 @@ def test_no_runs_or_a_foreign_path_is_one_error(args, message, tmp_path, capsys)
     [(False, "dataset.categories=[summarization,cooking]", "unknown ['cooking']"),
      (True, "dataset.categories=null", "line 2: missing field 'turns'")],
 )  # fmt: skip
-def test_bad_questions_are_one_line_errors_and_write_no_results(broken, override, message, questions, tmp_path):
+def test_bad_questions_are_one_line_errors_and_write_no_results(broken, override, message, questions, tmp_path,
+                                                                 entry_point):  # fmt: skip
     rows = spec_bench_questions()
     del rows[1]["turns"]
     path = write_questions(tmp_path / "broken.jsonl", rows) if broken else questions
     run = tmp_path / "run"
-    result = run_cli("models=tiny_k2", "strategy=greedy", "dataset=spec_bench", f"dataset.path={path}",
-                     override, f"hydra.run.dir={run}", timeout=120)  # fmt: skip
+    result = entry_point("experiments.run", "models=tiny_k2", "strategy=greedy", "dataset=spec_bench",
+                         f"dataset.path={path}", override, f"hydra.run.dir={run}", "run.progress=false")  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1
     assert not (run / "samples.jsonl").exists() and not (run / "summary.json").exists()

@@ -20,10 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = "configurations=[{strategy: sd, lookahead: 2}, {strategy: pipespec, lookahead: 0, max_lead: 4}]"
 
 
+SWEEP_ARGS = ("models=tiny_k2", "dataset=news_lee_cnndm", "samples=2", "prompt_offset=1", "repetitions=2",
+              "max_new_tokens=8", "warmup_tokens=2", "progress=false")  # fmt: skip
+
+
 def sweep(out, *overrides, timeout=300):
-    command = [sys.executable, "-m", "experiments.sweep", "models=tiny_k2", "dataset=news_lee_cnndm", "samples=2",
-               "prompt_offset=1", "repetitions=2", "max_new_tokens=8", "warmup_tokens=2", "progress=false",
-               f"hydra.run.dir={out}", *overrides]  # fmt: skip
+    command = [sys.executable, "-m", "experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={out}", *overrides]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -87,8 +89,8 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     ("configurations=[{strategy: sd, lookahead: 2}, {strategy: sd, lookahead: 2}]", "is taken by another"),
     ("repetitions=0", "repetitions must be an integer >= 1"),
 ])  # fmt: skip
-def test_a_bad_sweep_is_one_error_line_before_anything_starts(override, message, tmp_path):
-    done = sweep(tmp_path / "bad", override, timeout=120)
+def test_a_bad_sweep_is_one_error_line_before_anything_starts(override, message, tmp_path, entry_point):
+    done = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={tmp_path / 'bad'}", override, function="main")
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1], done.stderr[-2000:]
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("samples.jsonl"))

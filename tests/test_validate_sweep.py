@@ -39,14 +39,10 @@ def _call(*args, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def tiny_profile(tmp_path_factory):
-    """Acceptance on HumanEval/0 and 1: the sweep's prompts (2 and 3) are held out."""
-    out = tmp_path_factory.mktemp("profile")
-    done = _call("-m", "experiments.profile", "models=tiny_k2", "dataset.n_samples=2", "profile.max_fed=6",
-                 "profile.repeats=2", "profile.continuation=16", "profile.handoff_tokens=8", "cost_cache=false",
-                 f"hydra.run.dir={out}")  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out / "profile.json"
+def tiny_profile(tiny_k2_profile):
+    """Acceptance on HumanEval/0 and 1: the sweep's prompts (2 and 3) are held out (conftest.py: measured
+    once, shared with test_profile_predict.py)."""
+    return tiny_k2_profile
 
 
 @pytest.fixture(scope="module")
