@@ -239,3 +239,30 @@ def test_the_fastest_hf_greedy_is_every_headline_ratios_base():
     (check,) = check_targets(rows, {"greedy_vs_hf_greedy": 1.0})
     assert check["value"] == pytest.approx(1.0) and "hf_compiled" in check["label"]
 
+
+def test_hf_assisted_with_early_exit_drafts_with_the_targets_own_layers(tiny_models):
+    """`assistant_early_exit` N (transformers' self-speculation) needs no draft model: the target's first N
+    layers draft; its forwards are counted as drafts, the full ones as the target's; greedy's tokens either way."""
+    from experiments.benchlib.hf import HFBaseline, assisted_settings
+    from pipespec.errors import ConfigError
+    from pipespec.specs import StageSpec
+
+    target = tiny_models([0.05])[-1]
+    hf = HFBaseline(StageSpec(model=target))
+    prompt = [5, 9, 17, 33, 65, 129, 5, 9, 17]
+    try:
+        greedy = hf.generate(prompt, 24, "greedy")
+        settings = {"assistant_early_exit": 1, "num_assistant_tokens": 3, "assistant_confidence_threshold": 0.0}
+        early = hf.generate(prompt, 24, "assisted", assisted=settings)
+        assert early.tokens == greedy.tokens
+        assert early.settings["assistant_early_exit"] == 1 and early.draft_calls > 0 and early.draft_time_s > 0
+        assert early.target_calls <= greedy.target_calls  # a target step yields >= 1 token: drafts are not counted
+        assert greedy.draft_calls == 0 and greedy.draft_time_s == 0
+        with pytest.raises(ConfigError, match="below the target's 2 layers"):
+            hf.generate(prompt, 8, "assisted", assisted={"assistant_early_exit": 2})
+        with pytest.raises(ConfigError, match="HF assisted generation needs a draft model"):
+            hf.generate(prompt, 8, "assisted", assisted={})
+    finally:
+        hf.close()
+    with pytest.raises(ConfigError, match="assistant_early_exit must be null"):
+        assisted_settings({"assistant_early_exit": 0})

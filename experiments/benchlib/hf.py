@@ -56,6 +56,9 @@ HF_ASSISTED_DEFAULTS = {
     "assistant_confidence_threshold": 0.4,
 }
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+# An assisted setting of its own: N drafts with the target's first N layers (transformers' early-exit candidates,
+# LayerSkip's self-speculation) instead of the draft model; None = the draft model.
+EARLY_EXIT = "assistant_early_exit"
 
 
 @dataclass
@@ -101,10 +104,13 @@ class HFResult:
 
 
 class _ForwardMeter:
-    """Counts the forwards of one module, the tokens fed to each and the seconds spent inside."""
+    """Counts the forwards of one module, the tokens fed to each, the seconds spent inside and the decoder
+    layers each ran (fewer than the model's: an early-exit draft)."""
 
     def __init__(self, module):
         self.fed: list[int] = []
+        self.layers: list[int] = []
+        self.durations: list[float] = []
         self.seconds = 0.0
         self._started = None
         self._handles = [
@@ -113,7 +119,14 @@ class _ForwardMeter:
         ]
 
     def reset(self) -> None:
-        self.fed, self.seconds = [], 0.0
+        self.fed, self.layers, self.durations, self.seconds = [], [], [], 0.0
+
+    def split(self, layers: int) -> tuple[list[int], float, int, float]:
+        """(tokens fed per forward, seconds) of the forwards through all `layers`, then (calls, seconds) of
+        the truncated ones: the target's and its early-exit drafts' shares of one model's forwards."""
+        full = [i for i, n in enumerate(self.layers) if n >= layers]
+        full_s = sum(self.durations[i] for i in full)
+        return [self.fed[i] for i in full], full_s, len(self.fed) - len(full), self.seconds - full_s
 
     def _pre(self, module, args, kwargs):
         ids = kwargs.get("input_ids")
@@ -122,11 +135,14 @@ class _ForwardMeter:
         if ids is None:
             ids = kwargs.get("inputs_embeds")
         self.fed.append(int(ids.shape[1]) if ids is not None else 0)
+        self.layers.append(int(getattr(getattr(module, "config", None), "num_hidden_layers", 0) or 0))
         self._started = time.perf_counter()
 
     def _post(self, module, args, output):
         if self._started is not None:
-            self.seconds += time.perf_counter() - self._started
+            elapsed = time.perf_counter() - self._started
+            self.seconds += elapsed
+            self.durations.append(elapsed)
             self._started = None
 
     def remove(self) -> None:
@@ -137,10 +153,14 @@ class _ForwardMeter:
 def assisted_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """Complete and check assisted-generation window settings (missing keys: transformers' defaults)."""
     merged = dict(HF_ASSISTED_DEFAULTS)
-    unknown = sorted(set(settings or {}) - set(merged))
+    unknown = sorted(set(settings or {}) - set(merged) - {EARLY_EXIT})
     if unknown:
-        raise ConfigError(f"unknown HF assisted-generation setting(s) {unknown}; expected some of {sorted(merged)}")
+        raise ConfigError(f"unknown HF assisted-generation setting(s) {unknown}; "
+                          f"expected some of {sorted([*merged, EARLY_EXIT])}")  # fmt: skip
     merged.update({k: v for k, v in (settings or {}).items() if v is not None})
+    layers = merged.get(EARLY_EXIT)
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise ConfigError(f"{EARLY_EXIT} must be null (the draft model) or a number of layers >= 1, got {layers!r}")
     if not isinstance(merged["num_assistant_tokens"], int) or merged["num_assistant_tokens"] < 1:
         raise ConfigError(f"num_assistant_tokens must be an integer >= 1, got {merged['num_assistant_tokens']!r}")
     if merged["num_assistant_tokens_schedule"] not in SCHEDULES:
@@ -208,12 +228,8 @@ class HFBaseline:
         }
         settings: dict[str, Any] = {}
         if mode == "assisted":
-            if self.draft is None:
-                raise ConfigError("HF assisted generation needs a draft model (assistant_model)")
             settings = assisted_settings(assisted)
-            for key, value in settings.items():
-                setattr(self.draft.generation_config, key, value)
-            kwargs["assistant_model"] = self.draft
+            kwargs.update(self._assistant(settings))
         elif mode == "prompt_lookup":
             if prompt_lookup_num_tokens < 1 or max_matching_ngram_size < 1:
                 raise ConfigError("prompt lookup needs prompt_lookup_num_tokens >= 1 and max_matching_ngram_size >= 1")
@@ -239,17 +255,30 @@ class HFBaseline:
         generated = output[0, input_ids.shape[1] :].tolist()
         tokens = final_output(generated, max_new_tokens, self.eos_ids)
         draft_meter = self._draft_meter if mode == "assisted" else None
-        return HFResult(
-            tokens=tokens,
-            time_s=elapsed,
-            mode=mode,
-            prompt_length=len(prompt_ids),
-            target_fed=list(self._target_meter.fed),
-            target_time_s=self._target_meter.seconds,
-            draft_calls=len(draft_meter.fed) if draft_meter else 0,
-            draft_time_s=draft_meter.seconds if draft_meter else 0.0,
-            settings=settings,
-        )
+        target_fed, target_s, draft_calls, draft_s = self._target_meter.split(self.target.config.num_hidden_layers)
+        if draft_meter is not None and settings.get(EARLY_EXIT) is None:
+            draft_calls, draft_s = len(draft_meter.fed), draft_meter.seconds
+        return HFResult(tokens=tokens, time_s=elapsed, mode=mode, prompt_length=len(prompt_ids), target_fed=target_fed,
+                        target_time_s=target_s, draft_calls=draft_calls, draft_time_s=draft_s,
+                        settings=settings)  # fmt: skip
+
+    def _assistant(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """`generate`'s arguments for an assisted call: the draft model as `assistant_model`, or with
+        `assistant_early_exit` N the target's own first N layers. The window settings go on that assistant's
+        generation config, where transformers reads them, before every call."""
+        layers = settings.get(EARLY_EXIT)
+        if layers is None:
+            if self.draft is None:
+                raise ConfigError("HF assisted generation needs a draft model (assistant_model)")
+            assistant, arguments = self.draft, {"assistant_model": self.draft}
+        else:
+            total = self.target.config.num_hidden_layers
+            if layers >= total:
+                raise ConfigError(f"{EARLY_EXIT} must be below the target's {total} layers, got {layers}")
+            assistant, arguments = self.target, {EARLY_EXIT: layers}
+        for key in HF_ASSISTED_DEFAULTS:
+            setattr(assistant.generation_config, key, settings[key])
+        return arguments
 
     def _compiled_kwargs(self, prompt_length: int, max_new_tokens: int) -> dict[str, Any]:
         from transformers import CompileConfig
