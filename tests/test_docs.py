@@ -54,3 +54,40 @@ def test_no_issue_numbers_in_readme_or_docs():
         if ISSUE_NUMBER.search(line)
     ]
     assert not found, "issue numbers in user-facing docs:\n" + "\n".join(found)
+
+
+# The README's headline table: each row's system in the bench run it names.
+HEADLINE_RUN = "results/bench/avx512_2026-12-04"
+HEADLINE_SYSTEMS = {
+    "HF greedy (fastest: 1 thread)": "hf_greedy",
+    "HF assisted generation (int8 draft, best of its settings)": "hf_assisted",
+    "HF prompt lookup": "hf_prompt_lookup",
+    "greedy (ours, 2 threads)": "greedy",
+    "sd, int8 -> fp32 (best window)": "sd",
+    "pipespec k=2, int8 -> fp32": "pipespec_k2",
+    "pipespec k=3, prompt lookup -> int8 -> fp32": "pipespec_k3",
+    "sd, suffix -> fp32 on 2 threads (best window)": "sd@smollm2_suffix_fp32_t2",
+    "pipespec, suffix -> fp32 on 2 threads (lookahead 1)": "pipespec@smollm2_suffix_fp32_t2",
+}
+
+
+def test_the_readme_headline_is_the_bench_run_it_names():
+    """Every figure of the README's results table is the named run's (tok/s median to 0.1, ratio to the
+    fastest HF greedy to 0.01), and every system the run found identical to HF greedy on every prompt."""
+    import json
+
+    text = (ROOT / "README.md").read_text()
+    assert f"bash scripts/bench_heldout.sh {HEADLINE_RUN}" in text
+    runs = {d: {s["name"]: s for s in json.loads((ROOT / HEADLINE_RUN / d / "bench.json").read_text())["systems"]}
+            for d in ("humaneval", "news_lee_cnndm")}  # fmt: skip
+    table = text[text.index("## Results"):].split("\n## ")[0]
+    rows = [[c.strip().replace("*", "") for c in line.strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| system")]  # fmt: skip
+    assert [r[0] for r in rows] == list(HEADLINE_SYSTEMS)
+    for label, he_speed, he_ratio, news_speed, news_ratio in rows:
+        for dataset, speed, ratio in (("humaneval", he_speed, he_ratio), ("news_lee_cnndm", news_speed, news_ratio)):
+            system = runs[dataset][HEADLINE_SYSTEMS[label]]
+            assert speed == f"{system['tokens_per_s_median']:.1f}", (label, dataset)
+            assert ratio == f"{system['ratio_vs_hf_greedy']:.2f}", (label, dataset)
+            done, total = map(int, system["identical_to_greedy"].split("/"))
+            assert done == total > 0, (label, dataset)
