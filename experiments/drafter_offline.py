@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -113,12 +114,36 @@ def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 
 # ---- 3. simulation --------------------------------------------------------------------------------
 
 
+@dataclass
+class TreeReplay:
+    """A suffix drafter proposing token trees of up to `nodes` nodes (`propose_tree`); otherwise the drafter."""
+
+    drafter: Any
+    nodes: int
+
+    def __getattr__(self, name: str) -> Any:  # last_match, observe_output: the drafter's
+        return getattr(self.drafter, name)
+
+
+def propose_kept(drafter, sequence: Sequence[int], continuation: Sequence[int], limit: int) -> tuple[int, int]:
+    """(tokens proposed, tokens the target keeps) at one pass: a chain keeps its longest prefix equal to the
+    greedy continuation, a tree (`TreeReplay`) the longest path from its root that the continuation follows."""
+    if isinstance(drafter, TreeReplay):
+        tree = drafter.drafter.propose_tree(sequence, drafter.nodes, max_depth=limit)
+        return len(tree), len(tree.follow(continuation))
+    proposal = drafter.propose(sequence, limit)
+    kept = 0
+    while kept < len(proposal) and proposal[kept] == continuation[kept]:
+        kept += 1
+    return len(proposal), kept
+
+
 def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[float]) -> dict[str, Any]:
     """Replay the samples in order with `drafter` verified synchronously; count the samples in `counted`.
 
     At each target pass the drafter proposes after prompt + output so far (at most the tokens
-    left minus one); the target keeps the longest prefix equal to the greedy continuation and
-    adds its own token. After each sample the drafter observes the finished output.
+    left minus one); the target keeps the longest prefix (a tree: path) equal to the greedy
+    continuation and adds its own token; the pass costs t(tokens proposed + 1). After each sample the drafter observes the finished output.
     """
     passes = proposals = proposed = accepted = tokens = 0
     cost = 0.0
@@ -132,22 +157,19 @@ def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[f
         while i < len(output):
             sequence = prompt + output[:i]
             started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
-            proposal = drafter.propose(sequence, len(output) - i - 1)
+            size, kept = propose_kept(drafter, sequence, output[i:], len(output) - i - 1)
             elapsed = (time.thread_time_ns() - started_cpu) / 1000  # CPU time: immune to other processes
             (first_micros if first else micros).append(elapsed)
             if not first:
                 wall_micros.append((time.perf_counter_ns() - started) / 1000)
             first = False
-            kept = 0
-            while kept < len(proposal) and proposal[kept] == output[i + kept]:
-                kept += 1
             if count:
                 passes += 1
                 tokens += kept + 1
-                cost += costs[min(len(proposal), len(costs) - 1)]
-                if proposal:
+                cost += costs[min(size, len(costs) - 1)]
+                if size:
                     proposals += 1
-                    proposed += len(proposal)
+                    proposed += size
                     accepted += kept
                     row = by_match.setdefault(drafter.last_match, [0, 0])
                     row[0] += 1
@@ -171,7 +193,9 @@ def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[f
     }
 
 
-def drafter_factories(tuned: dict[str, Any] | None = None, shared: dict[str, Any] | None = None) -> dict[str, Callable[[], Any]]:
+def drafter_factories(tuned: dict[str, Any] | None = None, shared: dict[str, Any] | None = None,
+                      tree_nodes: int = 0, tree_tuned: dict[str, Any] | None = None,
+                      tree_shared: dict[str, Any] | None = None) -> dict[str, Callable[[], Any]]:  # fmt: skip
     from pipespec.drafters import PromptLookup, SuffixDrafter
 
     systems = {
@@ -183,26 +207,47 @@ def drafter_factories(tuned: dict[str, Any] | None = None, shared: dict[str, Any
         systems["suffix tuned"] = lambda: SuffixDrafter(**tuned)
     if shared is not None:
         systems["suffix shared"] = lambda: SuffixDrafter(**shared)
+    if tree_nodes and tree_tuned is not None:
+        systems[f"suffix tree{tree_nodes} tuned"] = lambda: TreeReplay(SuffixDrafter(**tree_tuned), tree_nodes)
+    if tree_nodes and tree_shared is not None:
+        systems[f"suffix tree{tree_nodes} shared"] = lambda: TreeReplay(SuffixDrafter(**tree_shared), tree_nodes)
     return systems
 
 
+SETTINGS = ("max_proposal", "min_match", "confidence")
 TUNING_GRID = [
     {"max_proposal": cap, "min_match": m, "confidence": c}
     for cap in (2, 4, 8) for m in (1, 2, 3) for c in (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 ]  # fmt: skip
+# trees: a node is kept while its estimated probability (the product of the shares along its path) reaches
+# `confidence`, so lower thresholds than a chain's; depth 8 as the chains'
+TREE_GRID = [{"max_proposal": 8, "min_match": m, "confidence": c} for m in (1, 2, 3) for c in (0.05, 0.1, 0.2, 0.3, 0.5)]
 
 
-def tune(samples: Sequence[dict], half: int, costs: Sequence[float]) -> tuple[dict, list[dict]]:
-    """The suffix settings with the best estimated speedup on the first `half` samples."""
+def tune(samples: Sequence[dict], half: int, costs: Sequence[float], grid: Sequence[dict] = TUNING_GRID,
+         tree_nodes: int = 0) -> tuple[dict, list[dict]]:  # fmt: skip
+    """The suffix settings of `grid` (chains, or trees of `tree_nodes`) with the best estimated speedup on the
+    first `half` samples."""
     from pipespec.drafters import SuffixDrafter
 
     scored = []
-    for params in TUNING_GRID:
-        result = simulate(samples[:half], SuffixDrafter(**params), range(half), costs)
+    for params in grid:
+        drafter = TreeReplay(SuffixDrafter(**params), tree_nodes) if tree_nodes else SuffixDrafter(**params)
+        result = simulate(samples[:half], drafter, range(half), costs)
         scored.append({**params, "estimated_speedup": result["estimated_speedup"],
                        "tokens_per_pass": result["tokens_per_pass"]})  # fmt: skip
     best = max(scored, key=lambda r: (r["estimated_speedup"] or 0.0))
-    return {k: best[k] for k in ("max_proposal", "min_match", "confidence")}, scored
+    return {k: best[k] for k in SETTINGS}, scored
+
+
+def shared_setting(tuning: dict[str, tuple[dict, list[dict]]]) -> dict[str, Any]:
+    """The one setting with the best product of estimated speedups over every dataset's tuning grid."""
+    product: dict[tuple, float] = {}
+    for _, grid in tuning.values():
+        for row in grid:
+            key = tuple(row[k] for k in SETTINGS)
+            product[key] = product.get(key, 1.0) * (row["estimated_speedup"] or 0.0)
+    return dict(zip(SETTINGS, max(product, key=product.get)))
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -213,12 +258,14 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def simulate_all(
-    cache: dict[str, Any], n: int, remeasure: bool = False, cache_path: Path = CACHE, costs_ms: Sequence[float] = ()
+    cache: dict[str, Any], n: int, remeasure: bool = False, cache_path: Path = CACHE, costs_ms: Sequence[float] = (),
+    tree_nodes: int = 0,
 ) -> dict[str, Any]:
     """Tune on each dataset's first half, then report every drafter on its second half.
 
     "suffix tuned" uses each dataset's own best settings; "suffix shared" the one setting with the
-    best product of estimated speedups over both first halves (what a named hierarchy would use).
+    best product of estimated speedups over both first halves (what a named hierarchy would use);
+    with `tree_nodes`, "suffix treeN tuned / shared" the same for token trees of that many nodes.
     """
     if costs_ms:
         costs = [c / 1000 for c in costs_ms]
@@ -227,48 +274,73 @@ def simulate_all(
         if not costs or remeasure:
             costs = cache["step_costs_s"] = measure_step_costs(cache)
             cache_path.write_text(json.dumps(cache))
+    if not 0 <= tree_nodes < len(costs):
+        raise SystemExit(f"--tree-nodes {tree_nodes} needs t(n) up to n = {tree_nodes + 1}: give that many "
+                         f"--costs-ms (got {len(costs)})")  # fmt: skip
     report: dict[str, Any] = {"model": cache.get("model"), "max_new_tokens": cache["max_new_tokens"],
                               "step_costs_ms": [c * 1000 for c in costs],
                               "step_costs_source": "given (--costs-ms)" if costs_ms else "measured (CPU time)",
-                              "datasets": {}}  # fmt: skip
+                              "tree_nodes": tree_nodes, "datasets": {}}  # fmt: skip
     chosen = {name: samples[:n] for name, samples in cache["datasets"].items()}
     tuning = {name: tune(samples, len(samples) // 2, costs) for name, samples in chosen.items()}
-    product: dict[tuple, float] = {}
-    for _, grid in tuning.values():
-        for row in grid:
-            key = (row["max_proposal"], row["min_match"], row["confidence"])
-            product[key] = product.get(key, 1.0) * (row["estimated_speedup"] or 0.0)
-    shared = dict(zip(("max_proposal", "min_match", "confidence"), max(product, key=product.get)))
-    report["shared"] = shared
+    report["shared"] = shared = shared_setting(tuning)
+    trees = {name: tune(samples, len(samples) // 2, costs, TREE_GRID, tree_nodes)
+             for name, samples in chosen.items()} if tree_nodes else {}  # fmt: skip
+    report["tree_shared"] = tree_shared = shared_setting(trees) if trees else None
     for name, samples in chosen.items():
         half = len(samples) // 2
         tuned, grid = tuning[name]
-        systems = {}
-        for label, make in drafter_factories(tuned, shared).items():
-            result = simulate(samples, make(), range(half, len(samples)), costs)
-            micros = result.pop("propose_us")
-            first = result.pop("first_propose_us")
-            wall = result.pop("propose_wall_us")
-            result["propose_wall_us_median"] = statistics.median(wall) if wall else None
-            result["propose_wall_us_p99"] = percentile(wall, 0.99)
-            result["propose_us_median"] = statistics.median(micros) if micros else None
-            result["propose_us_p99"] = percentile(micros, 0.99)
-            result["first_propose_us_median"] = statistics.median(first) if first else None  # indexes the prompt
-            result["proposals_timed"] = len(micros)
-            systems[label] = result
+        tree_tuned = trees[name][0] if trees else None
+        factories = drafter_factories(tuned, shared, tree_nodes, tree_tuned, tree_shared)
+        systems = {label: replay_summary(samples, make(), range(half, len(samples)), costs)
+                   for label, make in factories.items()}  # fmt: skip
         report["datasets"][name] = {
             "samples": len(samples),
             "tuned_on": [s["sample_id"] for s in samples[:half]],
             "reported_on": [s["sample_id"] for s in samples[half:]],
             "tuned": tuned,
             "tuning_grid": grid,
+            "tree_tuned": tree_tuned,
+            "tree_tuning_grid": trees[name][1] if trees else None,
             "systems": systems,
         }
     return report
 
 
+def replay_summary(samples: Sequence[dict], drafter, counted: range, costs: Sequence[float]) -> dict[str, Any]:
+    """`simulate`'s figures with its per-proposal timings summarised (medians, p99)."""
+    result = simulate(samples, drafter, counted, costs)
+    micros = result.pop("propose_us")
+    first = result.pop("first_propose_us")
+    wall = result.pop("propose_wall_us")
+    result["propose_wall_us_median"] = statistics.median(wall) if wall else None
+    result["propose_wall_us_p99"] = percentile(wall, 0.99)
+    result["propose_us_median"] = statistics.median(micros) if micros else None
+    result["propose_us_p99"] = percentile(micros, 0.99)
+    result["first_propose_us_median"] = statistics.median(first) if first else None  # indexes the prompt
+    result["proposals_timed"] = len(micros)
+    return result
+
+
 def fmt(value, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _cost_source(report: dict[str, Any]) -> str:
+    """Where the report's t(n) came from, in words."""
+    if str(report.get("step_costs_source", "")).startswith("given"):
+        return "the step costs given on the command line (`--costs-ms`)"
+    return "the median CPU time of an fp32 target pass of n tokens on this machine (1 thread, after a HumanEval prompt)"
+
+
+def _tree_settings(report: dict[str, Any], data: dict[str, Any]) -> str:
+    """The token-tree settings chosen, in words ('' without trees)."""
+    tuned, shared = data.get("tree_tuned"), report.get("tree_shared")
+    if not tuned or not shared:
+        return ""
+    nodes = report["tree_nodes"]
+    return (f"; suffix tree{nodes} tuned: min_match {tuned['min_match']}, confidence {tuned['confidence']}; "
+            f"suffix tree{nodes} shared: min_match {shared['min_match']}, confidence {shared['confidence']}")
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -284,10 +356,11 @@ def markdown(report: dict[str, Any]) -> str:
         "earlier outputs.",
         "",
         "- proposal rate: target passes that had a proposal; accepted/proposal: mean accepted tokens per "
-        "non-empty proposal; tokens/pass: (accepted + 1) per target pass;",
-        "- est. speedup: tokens x t(1) / sum of t(proposal + 1) over passes, with t(n) the median CPU time of "
-        "an fp32 target pass of n tokens on this machine (1 thread, after a HumanEval prompt): " + ", ".join(f"{c:.1f}" for c in costs) +
-        " ms for n = 1.." + str(len(costs)) + ". An estimate for a free drafter, not a measured speed.",
+        "non-empty proposal (a tree: nodes proposed, tokens on the path kept); tokens/pass: (accepted + 1) per "
+        "target pass;",
+        "- est. speedup: tokens x t(1) / sum of t(proposal + 1) over passes, with t(n) " + _cost_source(report)
+        + ": " + ", ".join(f"{c:.1f}" for c in costs) + " ms for n = 1.." + str(len(costs))
+        + ". An estimate for a free drafter, not a measured speed.",
         "- propose µs: CPU time (thread) per proposal, the first of each request excluded (it indexes the "
         "prompt: column 'first'); wall-clock figures, which include preemption by other processes on a "
         "shared machine, are in offline.json.",
@@ -301,7 +374,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"suffix tuned (on the first {len(data['tuned_on'])}): max_proposal {tuned['max_proposal']}, "
             f"min_match {tuned['min_match']}, confidence {tuned['confidence']}; suffix shared (best product over "
             f"both datasets' first halves): max_proposal {report['shared']['max_proposal']}, min_match "
-            f"{report['shared']['min_match']}, confidence {report['shared']['confidence']}",
+            f"{report['shared']['min_match']}, confidence {report['shared']['confidence']}" + _tree_settings(report, data),
             "",
             "| drafter | proposal rate | proposed/proposal | accepted/proposal | acceptance | tokens/pass "
             "| est. speedup | propose µs median | p99 | first |",
@@ -343,12 +416,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--record-only", action="store_true")
     parser.add_argument("--remeasure", action="store_true", help="measure t(n) again (the cache keeps the last)")
     parser.add_argument("--costs-ms", default="", help="t(1),t(2),... in ms (e.g. from a quiet machine) instead")
+    parser.add_argument("--tree-nodes", type=int, default=0,
+                        help="also tune and report the suffix drafter proposing token trees of this many nodes")
     args = parser.parse_args(argv)
     cache = record(args.n, args.new_tokens, args.cache)
     if args.record_only:
         return 0
     costs_ms = [float(c) for c in args.costs_ms.split(",") if c.strip()]
-    report = simulate_all(cache, args.n, args.remeasure, args.cache, costs_ms)
+    report = simulate_all(cache, args.n, args.remeasure, args.cache, costs_ms, args.tree_nodes)
     write_report(report, args.out)
     return 0
 

@@ -78,7 +78,7 @@ def one_thread():
 @pytest.fixture
 def entry_point(monkeypatch, capsys):
     """entry_point(module, *args, function="entry") -> CompletedProcess: `python -m module args` run in this
-    process (the module's entry function with that argv; Hydra's logging left as it is), with its exit code,
+    process (the module's entry function with that argv; Hydra told to leave logging alone), with its exit code,
     stdout and stderr. For the bad-option tests: a CLI's error path without the seconds a fresh interpreter
     spends importing torch. A test per entry point still runs the real command in a subprocess. The tiny
     models' cache is built first, as any earlier run leaves it: the output is the command's own."""

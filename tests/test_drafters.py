@@ -247,3 +247,18 @@ def test_offline_simulation_counts_and_sees_only_earlier_outputs():
     assert again["accepted_per_proposal"] == 4 and again["estimated_speedup"] == 5.0
     by_match = again["first_token_acceptance_by_match"]  # the prompt's 3 tokens, then 8 (the deepest)
     assert by_match == {"3": {"proposals": 1, "first_accepted": 1.0}, "8": {"proposals": 1, "first_accepted": 1.0}}
+
+
+def test_offline_tree_replay_keeps_the_path_the_greedy_output_follows():
+    """A suffix index holding two continuations of the prompt: the chain drafts the newer (wrong) one, a tree
+    holds both, and the replay keeps the branch the greedy output follows: one target pass instead of two."""
+    from experiments.drafter_offline import TreeReplay, simulate
+
+    first, other = [50, 51, 52, 53], [60, 61, 62, 63]
+    samples = [{"prompt_ids": [1, 2, 3], "output_ids": out} for out in (first, other, first)]
+    costs = [1.0] * 9
+    chain = simulate(samples, SuffixDrafter(max_proposal=4), range(2, 3), costs)
+    tree = simulate(samples, TreeReplay(SuffixDrafter(max_proposal=4), 8), range(2, 3), costs)
+    assert chain["target_passes"] == 2 and chain["tokens"] == 4  # [60..] rejected, then 51, 52 kept + 53
+    assert tree["target_passes"] == 1 and tree["tokens"] == 4  # 50, 51, 52 on the 50-branch + the target's 53
+    assert tree["proposed_per_proposal"] == 6  # both branches, 3 deep (the tokens left minus one)

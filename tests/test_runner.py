@@ -87,7 +87,8 @@ def test_every_experiment_composes_and_plans(experiment, capsys):
 
 
 def test_plan_cli_on_a_gpu_config_here(tmp_path, entry_point):
-    result = entry_point("experiments.run", "models=llama3_1b_8b_70b", "run.plan=true", f"hydra.run.dir={tmp_path}/plan")
+    result = entry_point("experiments.run", "models=llama3_1b_8b_70b", "run.plan=true",
+                         f"hydra.run.dir={tmp_path}/plan")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "cuda:2,cuda:3" in result.stdout and "nf4" in result.stdout
     assert "20.34 GiB" in result.stdout  # 70.6B x 0.5625 bytes x 1.1 over two GPUs
@@ -295,7 +296,8 @@ def bad_input_files(tmp_path: Path, override: str) -> list[str]:
     """The override's FIXTURE (one summarisation row) and EMPTY (no rows) made files under tmp_path."""
     (tmp_path / "x.jsonl").write_text(json.dumps({"id": "1", "document": "A story.", "summary": "Story."}) + "\n")
     (tmp_path / "empty.jsonl").write_text("")
-    return override.replace("FIXTURE", str(tmp_path / "x.jsonl")).replace("EMPTY", str(tmp_path / "empty.jsonl")).split()
+    text = override.replace("FIXTURE", str(tmp_path / "x.jsonl"))
+    return text.replace("EMPTY", str(tmp_path / "empty.jsonl")).split()
 
 
 def test_a_run_failing_its_checks_leaves_no_process_behind(tmp_path):
