@@ -3,7 +3,7 @@ oneDNN's prepacked linears, the prepacked model compiled by torch.compile), and 
 gives the same tokens with all of them (`pipespec.kernels`).
 
     python -m experiments.kernels models=smollm2_int8_fp32 dataset=humaneval dataset.n_samples=10 \
-        max_new_tokens=128 [--max-fed 16] [--repeats 5] [--variants torch,onednn,compile] \
+        max_new_tokens=128 [--max-fed 16] [--repeats 5] [--variants torch,onednn,compile,compile_unpacked] \
         [--out results/kernels/humaneval]
 
 Composes the runner's config (`conf/config.yaml`: models, dataset; any override). Every model
@@ -18,7 +18,11 @@ identity check):
   (transformers' DynamicCache) of any length, so a few graphs (the cache's layout after a crop, n = 1 and
   n > 1) and then none. If it fails (an error while compiling or running, a warm-up that keeps compiling
   new graphs, graphs compiled while timed), the variant is reported failed with a one-line reason and the
-  others are still measured.
+  others are still measured. Inductor's FX graph cache does not keep these graphs (the prepacked weights
+  are mkldnn tensors, which do not pickle), so every start compiles them again;
+- `compile_unpacked`: the `torch` model compiled the same way with inductor's own weight prepacking off
+  (`cpp.weight_prepack`): no mkldnn tensor in its graphs, which the graph cache keeps across processes,
+  at the price of torch's few-row fp32 products.
 
 Warm-up, per variant, before any timing: the first call (a prefill of the first prompt: compilation for
 `compile`) and sweeps of n = 1..max_fed until a sweep compiles no new graph (at most WARM_UP_SWEEPS); their
@@ -47,9 +51,10 @@ from pipespec.compiled import warm_up as compiled_warm_up
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-VARIANTS = ("torch", "onednn", "compile")
+VARIANTS = ("torch", "onednn", "compile", "compile_unpacked")
+COMPILED = ("compile", "compile_unpacked")  # variants whose forward torch.compile compiles
 KERNELS_COMPARED = ("torch", "onednn")  # the default variants (and those of reports without "variants")
-CONTAINED = ("compile",)  # variants whose errors are reported as the variant's failure, not raised
+CONTAINED = COMPILED  # variants whose errors are reported as the variant's failure, not raised
 
 
 class VariantFailed(Exception):
@@ -77,11 +82,15 @@ def one_line(error: BaseException) -> str:
 
 
 def load_variant(spec, variant: str):
-    """The stage's model as `variant` runs it: `compile` is the prepacked model with `compile: true`."""
+    """The stage's model as `variant` runs it: `compile` is the prepacked model with `compile: true`;
+    `compile_unpacked` torch's model compiled with inductor's weight prepacking off."""
+    from pipespec.compiled import compile_forward
     from pipespec.models import load_model
 
     if variant == "compile":
         return load_model(replace(spec, kernels="onednn", compile=True))
+    if variant == "compile_unpacked":
+        return compile_forward(load_model(replace(spec, kernels="torch", compile=False)), weight_prepack=False)
     return load_model(replace(spec, kernels=variant, compile=False))
 
 
@@ -135,7 +144,7 @@ def load_and_warm(spec, variants: tuple[str, ...], context: list[int], max_fed: 
     runners, warm = {}, {}
     for variant in variants:
         runner = guarded(variant, failed, lambda: CausalLMRunner(load_variant(spec, variant)))
-        facts = runner and guarded(variant, failed, lambda: warm_up(runner, context, max_fed, variant == "compile"))
+        facts = runner and guarded(variant, failed, lambda: warm_up(runner, context, max_fed, variant in COMPILED))
         if facts:
             runners[variant], warm[variant] = runner, facts
             log(f"kernels: {spec.label}: {variant}: first call {facts['first_call_s']:.2f} s, warm-up sweeps "
@@ -187,13 +196,16 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
     log(f"kernels: {spec.label}: t(n), n = 1..{max_fed}, {repeats} interleaved sweeps of {', '.join(runners)}")
     graphs = compiled_graphs()
     costs = interleaved_step_costs(runners, context, max_fed, repeats)
-    if "compile" in runners and compiled_graphs() > graphs:
-        failed["compile"] = f"{compiled_graphs() - graphs} graphs compiled while timed: t(n) includes compilation"
-        log(f"kernels: {spec.label}: compile: failed, {failed['compile']}")
+    timed_compiled = [v for v in COMPILED if v in runners]
+    if timed_compiled and compiled_graphs() > graphs:
+        for variant in timed_compiled:
+            failed[variant] = f"{compiled_graphs() - graphs} graphs compiled while timed: t(n) includes compilation"
+            log(f"kernels: {spec.label}: {variant}: failed, {failed[variant]}")
     samples = exactness(runners, prompts, budget, failed, log)
     stage = {"name": spec.label, "variants": list(variants), "step_s": costs, "warm_up": warm, "samples": samples}
-    if "compile" in warm:
-        warm["compile"]["graphs_in_all"] = compiled_graphs() - graphs_at_start  # with the exactness checks
+    if any(v in warm for v in COMPILED):
+        for variant in (v for v in COMPILED if v in warm):  # the process's graphs, with the exactness checks
+            warm[variant]["graphs_in_all"] = compiled_graphs() - graphs_at_start
         stage["graph_breaks"] = {why: count - breaks_at_start.get(why, 0) for why, count in graph_breaks().items()
                                  if count > breaks_at_start.get(why, 0)}  # fmt: skip
     if failed:
@@ -257,7 +269,7 @@ def warm_up_line(stage: dict) -> str:
             text += (f" ({facts['graphs']} graphs in the warm-up, {facts.get('graphs_in_all', '?')} in all, "
                      f"{breaks} graph breaks)")
         parts.append(text)
-    return "first call (prefill, compilation for compile) / warm-up sweeps: " + "; ".join(parts)
+    return "first call (prefill, compilation for compiled variants) / warm-up sweeps: " + "; ".join(parts)
 
 
 def stage_markdown(stage: dict, report_variants: list[str], max_new_tokens: int) -> list[str]:

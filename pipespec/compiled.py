@@ -13,7 +13,11 @@ graph. `CausalLMRunner` makes each first call's K/V contiguous for a compiled mo
 contiguous cache or a crop of one. The warm-up's seconds are the stage's warm-up,
 reported apart from any call (`Pipeline.warm_up_s`). Inductor's C++ kernels are cached on disk
 (`artefact_cache`, under `pipespec.cache.cache_root() / "inductor"` unless TORCHINDUCTOR_CACHE_DIR is
-set); its graph cache skips graphs with frozen weights, so a second start still lowers every graph.
+set), but not its graphs: torch 2.13's FX graph cache bypasses a graph holding mkldnn tensors ("mkldnn
+tensors unpickleable"), and the prepacked weights are such tensors, so a second start lowers every graph
+again. Without prepacking the graphs are cached, but the compiled step then runs torch's few-row fp32
+products (1.4-2.6x the prepacked eager step on SmolLM2, AVX-512) and a second start still traces every
+graph (72% of the first's time): the speed is worth the warm-up.
 
 `compiler_obstacle` says why compiling cannot work in this process (no inductor, no C++ compiler for its
 CPU kernels); the driver refuses `compile: true` with it before any stage starts.
@@ -76,19 +80,21 @@ def graph_breaks() -> dict[str, int]:
     return dict(counters["graph_break"])
 
 
-def compile_forward(model):
+def compile_forward(model, weight_prepack: bool = True):
     """`model` with its forward compiled by torch.compile (dynamic shapes), each call under inductor's
     freezing (prepacked weights as graph constants) and an error where dynamo would give up recompiling
-    and silently run eagerly."""
+    and silently run eagerly. `weight_prepack=False` turns inductor's own prepacking of plain linears off
+    (graphs without mkldnn tensors, which its graph cache keeps; for `experiments.kernels`)."""
     import torch
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
     artefact_cache()
     compiled = torch.compile(model.forward, dynamic=True)
+    settings = {"freezing": True, "cpp.weight_prepack": weight_prepack}
 
     def forward(*args, **kwargs):
-        with inductor_config.patch(freezing=True), dynamo_config.patch(
+        with inductor_config.patch(settings), dynamo_config.patch(
             recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True
         ):
             return compiled(*args, **kwargs)

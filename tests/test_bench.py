@@ -266,3 +266,16 @@ def test_hf_assisted_with_early_exit_drafts_with_the_targets_own_layers(tiny_mod
         hf.close()
     with pytest.raises(ConfigError, match="assistant_early_exit must be null"):
         assisted_settings({"assistant_early_exit": 0})
+
+
+def test_an_sd_systems_settings_keep_the_warm_up_of_its_compiled_stages():
+    """After sd's pre-pass its settings name the window chosen and what was tried, and keep `warm_up_s` (the
+    compiled stages' seconds at start) from the settings the system was built with."""
+    from experiments.benchlib.systems import sd_settings
+
+    chosen = {"strategy": "sd", "lookahead": 3, "max_lead": 8, "draft_confidence": 0.4}
+    candidates = [(2, 0.0), (3, 0.0), (2, 0.4), (3, 0.4)]
+    settings = sd_settings(chosen, candidates, {"warm_up_s": [0.0, 345.2]})
+    assert settings == {"strategy": "sd", "window": 3, "draft_confidence": 0.4, "chosen_from": [2, 3],
+                        "draft_confidences_tried": [0.0, 0.4], "warm_up_s": [0.0, 345.2]}  # fmt: skip
+    assert "warm_up_s" not in sd_settings(chosen, candidates, {})

@@ -174,3 +174,28 @@ def test_a_failing_compiled_variant_is_reported_and_the_others_measured(tiny_mod
                                                  "repeats": 1, "variants": list(stage["variants"]),
                                                  "machine": {"cpu": {}, "libraries": {"torch": "x"}},
                                                  "stages": [stage]})  # fmt: skip
+
+
+def test_the_unpacked_compiled_variant_compiles_torchs_model_with_inductors_prepacking_off(tiny_models, monkeypatch,
+                                                                                           one_thread):  # fmt: skip
+    """`compile_unpacked`: the model with torch's linears (no mkldnn weight anywhere), compiled with inductor's
+    weight prepacking off, so that inductor's graph cache can keep its graphs."""
+    from experiments import kernels
+    from experiments.tiny import random_prompts
+    from pipespec import compiled
+    from pipespec.kernels import PrepackedLinear
+
+    seen = []
+
+    def record(model, weight_prepack=True):  # what compile_forward is given; the model stays eager
+        seen.append((weight_prepack, any(isinstance(m, PrepackedLinear) for m in model.modules())))
+        return model
+
+    monkeypatch.setattr(compiled, "compile_forward", record)
+    prompts = [(f"p{i}", p) for i, p in enumerate(random_prompts(2, length=8, seed=3))]
+    stage = kernels.compare_stage(StageSpec(model=tiny_models([])[-1]), ("onednn", "compile_unpacked"), prompts,
+                                  max_fed=2, repeats=1, budget=4, log=lambda text: None)  # fmt: skip
+    assert seen == [(False, False)]
+    assert list(stage["step_s"]) == ["onednn", "compile_unpacked"] and "failed" not in stage
+    assert [s["identical"] for s in stage["samples"]] == [True, True]
+    assert stage["warm_up"]["compile_unpacked"]["graphs"] == 0  # nothing compiled here: the check still runs

@@ -26,6 +26,15 @@ from experiments.benchlib.config import (HF_SYSTEMS, BenchConfigError, Hierarchy
 from experiments.benchlib.timer import prepass
 
 
+def sd_settings(chosen: dict[str, Any], candidates: list[tuple], before: dict[str, Any]) -> dict[str, Any]:
+    """An sd system's settings after its pre-pass: the (window, draft_confidence) chosen among `candidates`,
+    what was tried, and the warm-up of compiled stages (`warm_up_s`) from its settings `before`."""
+    return {"strategy": "sd", "window": chosen["lookahead"], "draft_confidence": chosen["draft_confidence"],
+            "chosen_from": list(dict.fromkeys(w for w, _ in candidates)),
+            "draft_confidences_tried": list(dict.fromkeys(c for _, c in candidates)),
+            **{k: v for k, v in before.items() if k == "warm_up_s"}}  # fmt: skip
+
+
 @dataclass
 class System:
     name: str
@@ -276,10 +285,7 @@ class Systems:
             self.assisted = candidates[best]
         for system in systems:
             if system.name in self.sd:
-                sd = self.sd[system.name]
-                system.settings = {"strategy": "sd", "window": sd["lookahead"], "draft_confidence": sd["draft_confidence"],
-                                   "chosen_from": list(dict.fromkeys(w for w, _ in sd_candidates(self.cfg))),
-                                   "draft_confidences_tried": list(dict.fromkeys(c for _, c in sd_candidates(self.cfg)))}
+                system.settings = sd_settings(self.sd[system.name], sd_candidates(self.cfg), system.settings)
             if system.name == "hf_assisted":
                 system.settings = dict(self.assisted)
         self.choose_threads(systems, prompts, max_new, out)
