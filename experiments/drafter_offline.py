@@ -143,7 +143,8 @@ def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[f
 
     At each target pass the drafter proposes after prompt + output so far (at most the tokens
     left minus one); the target keeps the longest prefix (a tree: path) equal to the greedy
-    continuation and adds its own token; the pass costs t(tokens proposed + 1). After each sample the drafter observes the finished output.
+    continuation and adds its own token; the pass costs t(tokens proposed + 1). After each sample the
+    drafter observes the finished output.
     """
     passes = proposals = proposed = accepted = tokens = 0
     cost = 0.0
@@ -419,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tree-nodes", type=int, default=0,
                         help="also tune and report the suffix drafter proposing token trees of this many nodes")
     args = parser.parse_args(argv)
+    if args.tree_nodes < 0:
+        parser.error(f"--tree-nodes must be >= 0, got {args.tree_nodes}")
     cache = record(args.n, args.new_tokens, args.cache)
     if args.record_only:
         return 0

@@ -203,9 +203,10 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
             log(f"kernels: {spec.label}: {variant}: failed, {failed[variant]}")
     samples = exactness(runners, prompts, budget, failed, log)
     stage = {"name": spec.label, "variants": list(variants), "step_s": costs, "warm_up": warm, "samples": samples}
-    if any(v in warm for v in COMPILED):
-        for variant in (v for v in COMPILED if v in warm):  # the process's graphs, with the exactness checks
-            warm[variant]["graphs_in_all"] = compiled_graphs() - graphs_at_start
+    compiled_warm = [v for v in COMPILED if v in warm]
+    for variant in compiled_warm:  # the process's graphs, with the exactness checks
+        warm[variant]["graphs_in_all"] = compiled_graphs() - graphs_at_start
+    if compiled_warm:
         stage["graph_breaks"] = {why: count - breaks_at_start.get(why, 0) for why, count in graph_breaks().items()
                                  if count > breaks_at_start.get(why, 0)}  # fmt: skip
     if failed:
