@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from pipespec.drafters import DraftTree, common_prefix
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "results" / "drafters"
 CACHE = OUT_DIR / "greedy_outputs.json"
@@ -125,17 +127,19 @@ class TreeReplay:
         return getattr(self.drafter, name)
 
 
-def propose_kept(drafter, sequence: Sequence[int], continuation: Sequence[int], limit: int) -> tuple[int, int]:
-    """(tokens proposed, tokens the target keeps) at one pass: a chain keeps its longest prefix equal to the
-    greedy continuation, a tree (`TreeReplay`) the longest path from its root that the continuation follows."""
+def propose(drafter, sequence: Sequence[int], limit: int) -> list[int] | DraftTree:
+    """The drafter's proposal at one pass: a chain, or for a `TreeReplay` a token tree."""
     if isinstance(drafter, TreeReplay):
-        tree = drafter.drafter.propose_tree(sequence, drafter.nodes, max_depth=limit)
-        return len(tree), len(tree.follow(continuation))
-    proposal = drafter.propose(sequence, limit)
-    kept = 0
-    while kept < len(proposal) and proposal[kept] == continuation[kept]:
-        kept += 1
-    return len(proposal), kept
+        return drafter.drafter.propose_tree(sequence, drafter.nodes, max_depth=limit)
+    return drafter.propose(sequence, limit)
+
+
+def kept_tokens(proposal: list[int] | DraftTree, continuation: Sequence[int]) -> int:
+    """The proposed tokens the target keeps: a chain's longest prefix equal to the greedy continuation, a
+    tree's longest path from its root that the continuation follows."""
+    if isinstance(proposal, DraftTree):
+        return len(proposal.follow(continuation))
+    return common_prefix(proposal, continuation)
 
 
 def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[float]) -> dict[str, Any]:
@@ -158,12 +162,13 @@ def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[f
         while i < len(output):
             sequence = prompt + output[:i]
             started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
-            size, kept = propose_kept(drafter, sequence, output[i:], len(output) - i - 1)
+            proposal = propose(drafter, sequence, len(output) - i - 1)
             elapsed = (time.thread_time_ns() - started_cpu) / 1000  # CPU time: immune to other processes
             (first_micros if first else micros).append(elapsed)
             if not first:
                 wall_micros.append((time.perf_counter_ns() - started) / 1000)
             first = False
+            size, kept = len(proposal), kept_tokens(proposal, output[i:])
             if count:
                 passes += 1
                 tokens += kept + 1
