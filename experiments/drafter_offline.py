@@ -118,20 +118,17 @@ def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 
 
 @dataclass
 class TreeReplay:
-    """A suffix drafter proposing token trees of up to `nodes` nodes (`propose_tree`); otherwise the drafter."""
+    """A suffix drafter whose proposals are token trees of up to `nodes` nodes (`propose_tree`); otherwise
+    the drafter."""
 
     drafter: Any
     nodes: int
 
+    def propose(self, sequence: Sequence[int], limit: int) -> DraftTree:
+        return self.drafter.propose_tree(sequence, self.nodes, max_depth=limit)
+
     def __getattr__(self, name: str) -> Any:  # last_match, observe_output: the drafter's
         return getattr(self.drafter, name)
-
-
-def propose(drafter, sequence: Sequence[int], limit: int) -> list[int] | DraftTree:
-    """The drafter's proposal at one pass: a chain, or for a `TreeReplay` a token tree."""
-    if isinstance(drafter, TreeReplay):
-        return drafter.drafter.propose_tree(sequence, drafter.nodes, max_depth=limit)
-    return drafter.propose(sequence, limit)
 
 
 def kept_tokens(proposal: list[int] | DraftTree, continuation: Sequence[int]) -> int:
@@ -162,7 +159,7 @@ def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[f
         while i < len(output):
             sequence = prompt + output[:i]
             started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
-            proposal = propose(drafter, sequence, len(output) - i - 1)
+            proposal = drafter.propose(sequence, len(output) - i - 1)  # a chain, or a TreeReplay's tree
             elapsed = (time.thread_time_ns() - started_cpu) / 1000  # CPU time: immune to other processes
             (first_micros if first else micros).append(elapsed)
             if not first:
