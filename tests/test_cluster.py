@@ -65,7 +65,8 @@ def experiments_run(*args, **kwargs) -> subprocess.Popen:
 
 
 def job_processes(root: psutil.Process) -> list[psutil.Process]:
-    """The submitit job processes below `root` (each runs one Hydra job)."""
+    """The submitit job processes below `root` (each runs one Hydra job). A job's child caught between its
+    fork and its exec still shows the job's command line: only the uppermost match is the job."""
     found = []
     for process in root.children(recursive=True):
         try:
@@ -73,7 +74,15 @@ def job_processes(root: psutil.Process) -> list[psutil.Process]:
                 found.append(process)
         except psutil.Error:
             continue
-    return found
+    pids = {process.pid for process in found}
+
+    def below_a_job(process: psutil.Process) -> bool:
+        try:
+            return any(parent.pid in pids for parent in process.parents())
+        except psutil.Error:
+            return False
+
+    return [process for process in found if not below_a_job(process)]
 
 
 class TreeWatch:
