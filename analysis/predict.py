@@ -121,7 +121,7 @@ class TwoRateAcceptance(sim.Bernoulli):
         return _TwoRateSampler(self.first, self.alpha, rng)
 
 
-class _TwoRateSampler:
+class _TwoRateSampler(sim.Sampler):
     """The state follows ``fit.fit_two_rates``: a verification continues a run only right after a
     fully accepted one; after a rejection or a one-token step the next draft starts a run."""
 
@@ -540,7 +540,7 @@ def acceptance(pair: PairProfile) -> sim.AlongContinuations | sim.ByPosition:
     """The simulator's acceptance for a pair: read off the profile's continuations where it has them
     (`sim.AlongContinuations`), else drawn from its rates by position."""
     if pair.runs:
-        return sim.AlongContinuations(pair.runs, pair.acceptance_by_position)
+        return sim.AlongContinuations(pair.runs, pair.acceptance_by_position, proposed=pair.proposed)
     return sim.ByPosition(pair.acceptance_by_position)
 
 
@@ -560,7 +560,7 @@ def tree_acceptance(profile: Profile, stages: Sequence[int], tree_nodes: int) ->
         raise ConfigError(f"the profile has no token trees of {tree_nodes} nodes for {pair.drafter} -> "
                           f"{pair.verifier} (measured: {sizes or 'none'}; measure a profile again: "
                           "python -m experiments.profile)")  # fmt: skip
-    return sim.TreeContinuations(measured.runs, pair.acceptance_by_position, measured.nodes)
+    return sim.TreeContinuations(measured.runs, pair.acceptance_by_position, measured.nodes, proposed=pair.proposed)
 
 
 def _seeds(pairs: Sequence[PairProfile]) -> int:

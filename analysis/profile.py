@@ -72,6 +72,9 @@ class PairProfile:
     # a model-free drafter's token trees, one entry per tree size measured (`experiments.profiling.tree_runs`);
     # empty in profiles measured without them
     tree_runs: tuple["TreeRuns", ...] = ()
+    # a model-free drafter's proposals: per continuation, per position, how many drafts it proposed there
+    # (0: none); empty for a model drafter (it always drafts) and in profiles measured without them
+    proposed: tuple[tuple[int, ...], ...] = ()
 
     @property
     def continuations(self) -> int:
@@ -107,6 +110,13 @@ class Profile:
     duration_s: float
     skip_pairs: tuple[tuple[int, int, PairProfile], ...] = ()  # (drafter, verifier, pair) of non-adjacent stages
     prompt_tokens: tuple[int, ...] = ()  # of the profile's prompts (prediction counts reading the prompt)
+
+    @property
+    def continuation_tokens(self) -> int | None:
+        """The shortest continuation acceptance was read along (None: no pair has runs). A prediction of
+        longer generations reads the positions past it from the continuations' start."""
+        lengths = [len(along) for pair in self.pairs for along in pair.runs]
+        return min(lengths) if lengths else None
 
     def pair(self, drafter: int, verifier: int) -> PairProfile | None:
         """Acceptance of stage `drafter`'s drafts by stage `verifier` (any later stage); None if not measured."""
@@ -180,6 +190,7 @@ def _pair(data: Any, i: int) -> PairProfile:
         tuple(tuple(along) for along in runs),
         acceptance_standard_errors(runs, proposed, len(clean)) if runs else (),
         tree_runs=_tree_runs(data, where),
+        proposed=tuple(tuple(along) for along in proposed or ()),
     )  # fmt: skip
 
 

@@ -61,7 +61,10 @@ slows a stage's step while others compute (processor sharing), and
 ``supply`` marks the first stage as model-free (prompt lookup, suffix): like
 the engine's PROPOSE it puts a whole run of drafts (up to its lead limit) in
 one step, and it may find no proposal when a commit reaches it, so its
-verifier takes a one-token step (in sd: the round has no window). Acceptance specs may also be subclasses of ``Bernoulli`` with their
+verifier takes a one-token step (in sd: the round has no window). Where its
+verifier's acceptance holds the proposals measured by position
+(``AlongContinuations.proposed``), it proposes at a position what it proposed
+there; else whether it proposes is drawn from the supply probability. Acceptance specs may also be subclasses of ``Bernoulli`` with their
 own sampler (e.g. acceptance in runs).
 
 What the simulator does not model: EOS, prefill, variable step times beyond
@@ -74,7 +77,7 @@ from __future__ import annotations
 import heapq
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 import numpy as np
@@ -89,6 +92,7 @@ from pipespec.schedule import (
 
 __all__ = [
     "StageCost",
+    "Sampler",
     "Bernoulli",
     "Replay",
     "ByPosition",
@@ -125,6 +129,16 @@ class StageCost:
 
     def __call__(self, n_tokens: int) -> float:
         return self.fixed + self.per_token * n_tokens
+
+
+class Sampler:
+    """An acceptance's sampler, one per simulated generation and pair (``AcceptanceSpec.sampler``): ``verify(offered,
+    start)`` -> drafts accepted of ``offered`` at output position ``start``; ``agrees(position)`` -> whether the
+    verifier's own token equals its drafter's there; ``proposal(position)`` below. Samplers subclass it."""
+
+    def proposal(self, position: int) -> int | None:
+        """The drafts a model-free drafter proposes at output `position` (0: none); None: not known here."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -184,7 +198,7 @@ class ByPosition:
         return _ByPositionSampler(self.rates, rng)
 
 
-class _ByPositionSampler:
+class _ByPositionSampler(Sampler):
     def __init__(self, rates: tuple[float, ...], rng: np.random.Generator) -> None:
         self.rates = rates
         self.rng = rng
@@ -208,30 +222,46 @@ class AlongContinuations:
     come as they came (drawing each verification independently from the rates by position spreads
     them evenly, which under-predicts a pipeline whose drafter runs ahead through an easy stretch).
     Generation s follows continuation s mod len(runs), the same one for every pair of a chain;
-    positions beyond a continuation wrap around to its start."""
+    positions beyond a continuation wrap around to its start.
+
+    ``proposed[c][j]`` (optional, a model-free drafter's): how many drafts the drafter proposed at position j
+    of continuation c, 0 where it had no proposal. A model-free drafter then proposes where and as much as
+    it did along the continuation, so its proposals and their acceptance come together (drawing whether it
+    proposes from its overall rate pairs proposals with positions it had none at)."""
 
     runs: tuple[tuple[int, ...], ...]
     rates: tuple[float, ...]  # the same pair's acceptance by position (a verifier sizing its verifications)
+    proposed: tuple[tuple[int, ...], ...] = field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runs", tuple(tuple(int(r) for r in runs) for runs in self.runs))
         object.__setattr__(self, "rates", tuple(float(r) for r in self.rates))
+        object.__setattr__(self, "proposed", tuple(tuple(int(n) for n in along) for along in self.proposed))
         if not self.runs or not all(self.runs) or any(r < 0 for runs in self.runs for r in runs):
             raise ValueError("runs must be non-empty sequences of counts >= 0, one per continuation")
+        if self.proposed and ([len(p) for p in self.proposed] != [len(r) for r in self.runs] or any(
+            n < r for runs, along in zip(self.runs, self.proposed) for r, n in zip(runs, along)
+        )):  # fmt: skip
+            raise ValueError("proposed needs one proposal length >= its run per position of every continuation")
 
     def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_AlongSampler":
-        return _AlongSampler(self.runs[seed % len(self.runs)])
+        index = seed % len(self.runs)
+        return _AlongSampler(self.runs[index], self.proposed[index] if self.proposed else None)
 
 
-class _AlongSampler:
-    def __init__(self, runs: tuple[int, ...]) -> None:
+class _AlongSampler(Sampler):
+    def __init__(self, runs: tuple[int, ...], proposed: tuple[int, ...] | None = None) -> None:
         self.runs = runs
+        self.proposed = proposed
 
     def verify(self, offered: int, start: int = 0) -> int:
         return min(offered, self.runs[start % len(self.runs)])
 
     def agrees(self, position: int = 0) -> bool:
         return self.runs[position % len(self.runs)] >= 1
+
+    def proposal(self, position: int) -> int | None:
+        return None if self.proposed is None else self.proposed[position % len(self.proposed)]
 
 
 @dataclass(frozen=True)
@@ -257,12 +287,12 @@ class TreeContinuations(AlongContinuations):
 
     def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_TreeSampler":
         index = seed % len(self.runs)
-        return _TreeSampler(self.runs[index], self.nodes[index])
+        return _TreeSampler(self.runs[index], self.nodes[index], self.proposed[index] if self.proposed else None)
 
 
 class _TreeSampler(_AlongSampler):
-    def __init__(self, runs: tuple[int, ...], nodes: tuple[int, ...]) -> None:
-        super().__init__(runs)
+    def __init__(self, runs: tuple[int, ...], nodes: tuple[int, ...], proposed: tuple[int, ...] | None) -> None:
+        super().__init__(runs, proposed)
         self.tree_nodes = nodes
 
     def fed(self, offered: int, start: int = 0) -> int:
@@ -273,7 +303,7 @@ class _TreeSampler(_AlongSampler):
 AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, AlongContinuations, Sequence[int]]
 
 
-class _BernoulliSampler:
+class _BernoulliSampler(Sampler):
     def __init__(self, alpha: float, rng: np.random.Generator) -> None:
         self.alpha = alpha
         self.rng = rng
@@ -291,7 +321,7 @@ class _BernoulliSampler:
         return bool(self.rng.random() < self.alpha)
 
 
-class _ReplaySampler:
+class _ReplaySampler(Sampler):
     def __init__(self, counts: tuple[int, ...], agree_prob: float, rng: np.random.Generator) -> None:
         self.counts = counts
         self.agree_prob = agree_prob
@@ -650,6 +680,9 @@ class SimulatedStage:
         self.downstream_committed = 0  # length of the next stage's last commit it has received
         self.in_flight = 0  # commits on their way to it (rollback_delay > 0)
         self.dry = False  # a drafter with nothing to propose until the next commit reaches it
+        # a model-free drafter's drafts still to propose since the last commit, as measured along the continuation
+        # at that position (`Sampler.proposal`); None: its proposals are not measured, it proposes while not dry
+        self.proposal_left: int | None = None
         self.pending: int | None = None  # the latest commit that arrived during the step in flight
         self.busy = False
         # the step in flight
@@ -701,7 +734,10 @@ class SimulatedStage:
         drafts = self.available_drafts()
         if self.dry:
             return Action(IDLE), drafts  # prompt lookup without a proposal
-        return next_action(self.role, self.view(len(drafts))), drafts
+        action = next_action(self.role, self.view(len(drafts)))
+        if action.kind == PROPOSE and self.proposal_left is not None:
+            action = Action(PROPOSE, min(action.n, self.proposal_left))  # the proposal it made there
+        return action, drafts
 
     def try_start(self, now: float) -> None:
         """Act on its next action if it is idle: start a step, or pass a proposal on (TAKE, at no cost)."""
@@ -745,6 +781,9 @@ class SimulatedStage:
             self.cached = len(self.buffer)
             for _ in range(self.step_proposal):
                 self.buffer.append(self.tokens.new(self.buffer))
+            if self.proposal_left is not None:  # a measured proposal, proposed: nothing more until a commit
+                self.proposal_left -= self.step_proposal
+                self.dry = self.proposal_left <= 0
         else:
             self.verify()
         if commits_after_step(self.role, self.step_kind):
@@ -833,10 +872,20 @@ class SimulatedStage:
         self.buffer.extend(tokens_from_common)
 
     def look_again(self) -> None:
-        """A drafter with a finite supply, back at its successor's output, has a proposal or not."""
+        """A drafter with a finite supply, back at its successor's output, has a proposal or not: the one it
+        made at that output position along the continuation where that was measured (its verifier's
+        sampler knows), else one drawn from its proposal rate. Still ahead of its successor, a measured
+        proposal goes on where it stopped."""
         supply, downstream = self.simulation.supply[self.index], self.downstream
-        self.dry = (supply is not None and downstream is not None and len(self.buffer) <= len(downstream.buffer)
-                    and self.simulation.rng.random() >= supply)  # fmt: skip
+        if supply is None or downstream is None or len(self.buffer) > len(downstream.buffer):
+            if self.proposal_left is None:
+                self.dry = False
+            return
+        self.proposal_left = downstream.acceptance.proposal(len(downstream.buffer))
+        if self.proposal_left is None:
+            self.dry = bool(self.simulation.rng.random() >= supply)
+        else:
+            self.dry = self.proposal_left == 0
 
 
 class Simulation:

@@ -134,6 +134,11 @@ def run_warnings(profile: Profile, run: Run) -> list[str]:
     found = mismatches(profile, hierarchy=run.hierarchy, here=here)
     if profile.dataset is not None and run.dataset != profile.dataset:
         found.append(f"dataset: profile {profile.dataset!r}, run {run.dataset!r}")
+    along, tokens = profile.continuation_tokens, run.max_new_tokens
+    if along is not None and tokens is not None and tokens > along:
+        found.append(f"continuations: the profile read acceptance along {along} tokens, the run generates {tokens}; "
+                     f"positions past {along} repeat the continuations' start (profile.continuation={tokens} "
+                     "measures them)")  # fmt: skip
     return found
 
 
@@ -1026,7 +1031,7 @@ def sweep_main(profile_path: str, paths: Sequence[str], as_json: bool, sequentia
     for note in report.notes:
         print(f"note: skipped {note}", file=sys.stderr)
     for warning in report.warnings:
-        print(f"warning: {report.sweep}: profile from elsewhere: {warning}", file=sys.stderr)
+        print(f"warning: {report.sweep}: {warning}", file=sys.stderr)
     if report.in_sample:
         print(f"note: {report.sweep} is in-sample: the profile measured acceptance on {len(report.seen)} of its "
               f"{len(report.prompts)} prompts", file=sys.stderr)  # fmt: skip
@@ -1055,7 +1060,7 @@ def sequential_main(profile_path: str, paths: Sequence[str], as_json: bool, as_c
         print(f"note: skipped {note}", file=sys.stderr)
     for record in records:
         for warning in record.warnings:
-            print(f"warning: {record.run}: profile from elsewhere: {warning}", file=sys.stderr)
+            print(f"warning: {record.run}: {warning}", file=sys.stderr)
     if as_json:
         print(json.dumps([asdict(r) for r in records]))
     elif as_repeats:

@@ -125,6 +125,8 @@ class Sweep:
         self.cfg, self.out_dir, self.configurations, self.pipe, self.prompts = cfg, out_dir, configurations, pipe, prompts
         self.profile_step_s = profile_step_s
         self.forget = bool(cfg["forget_outputs"]) and any(s.kind == "suffix" for s in pipe.specs)
+        if cfg["resume"]:
+            check_same_configurations(out_dir, [c.name for c in configurations])
         self.stores = {}
         for configuration in configurations:
             config = run_config(cfg, configuration)
@@ -185,6 +187,21 @@ class Sweep:
         atomic_write_json(self.out_dir / "paired.json", [_as_dict(s) for s in speedups])
         atomic_write_text(self.out_dir / "paired.md", format_table(speedups, REFERENCE) + "\n")
         return speedups
+
+
+def check_same_configurations(out_dir: Path, names: Sequence[str]) -> None:
+    """A resumed sweep times the configurations it started with (each one's folder and config written at the
+    start): one added on resuming would be timed minutes after the others, not interleaved with them, and
+    one left out would stay half-measured. A `ConfigError` naming the difference."""
+    from analysis.rundir import CONFIG
+
+    started = sorted(p.parent.name for p in Path(out_dir).glob(f"*/{CONFIG}") if not p.parent.name.startswith("."))
+    added, dropped = sorted(set(names) - set(started)), sorted(set(started) - set(names))
+    if started and (added or dropped):
+        change = "; ".join(([f"added {added}"] if added else []) + ([f"left out {dropped}"] if dropped else []))
+        raise ConfigError(f"cannot resume the sweep in {out_dir} with other configurations ({change}): a configuration "
+                          "added to a started sweep would not be interleaved with the others; start a new sweep "
+                          "(another hydra.run.dir) with the whole list")  # fmt: skip
 
 
 def _rotation(configurations: list[Configuration], index: int, repetition: int) -> list[Configuration]:

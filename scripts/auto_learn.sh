@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # auto that learns, on a profile measured on the OTHER dataset, against paired sweeps of the same prompts,
-# into results/validation_paired/HIERARCHY/DATASET/learn_from_OTHER/:
+# into results/validation_paired/HIERARCHY/DATASET/learn/from_OTHER/ (below the depth at which analysis.figures looks
+# for runs in results/: a run whose configuration changes per call is in no figure):
 #  1. the profiles of both datasets (scripts/validation_paired.sh's, made here when missing);
 #  2. per dataset, python -m experiments.run strategy=auto strategy.learn=true with the other dataset's
 #     profile, on the sweep's prompts (the 8 after the first 20);
 #  3. the dataset's paired sweep (scripts/validation_paired.sh), with every configuration the learning run
-#     ran added to the sweep's list, so each one's paired speedup is measured beside the best fixed one;
+#     ran added to the sweep's list, so each one's paired speedup is measured beside the best fixed one,
+#     interleaved with them (a sweep started before with a shorter list refuses to resume with a longer one:
+#     remove it and run this again);
 #  4. python -m analysis.learn RUN SWEEP: per call, the configuration and its paired speedup / the best's.
-# Usage: HIERARCHY=smollm2_suffix_fp32 bash scripts/auto_learn.sh
+# Every step resumes. Usage: HIERARCHY=smollm2_suffix_fp32 bash scripts/auto_learn.sh (quiet machine: about
+# 50 minutes for SmolLM2 suffix -> fp32 on the 2-core development machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
@@ -17,11 +21,11 @@ OUT=${OUT:-results/validation_paired}
 other() { [ "$1" = humaneval ] && echo news_lee_cnndm || echo humaneval; }
 for d in humaneval news_lee_cnndm; do
   [ -f "$OUT/$H/$d/profile/profile.json" ] || "$PY" -m experiments.profile models="$H" dataset="$d" \
-      dataset.n_samples=10 hydra.run.dir="$OUT/$H/$d/profile"
+      dataset.n_samples=10 profile.continuation=96 hydra.run.dir="$OUT/$H/$d/profile"
 done
 for d in humaneval news_lee_cnndm; do
   o=$(other "$d")
-  run="$OUT/$H/$d/learn_from_$o"
+  run="$OUT/$H/$d/learn/from_$o"
   ids=$("$PY" - "$d" <<'PY'
 import sys
 from experiments.conf import load
@@ -33,20 +37,22 @@ PY
   [ -f "$run/summary.json" ] || "$PY" -m experiments.run models="$H" dataset="$d" "dataset.ids=$ids" \
       dataset.n_samples=null max_new_tokens=96 strategy=auto strategy.learn=true \
       strategy.profile="$OUT/$H/$o/profile/profile.json" run.progress=false hydra.run.dir="$run"
-  learned=$("$PY" - "$run" <<'PY'
+  # conf/sweep.yaml's configurations, then each one the learning run ran that is not among them (by name)
+  all=$("$PY" - "$run" <<'PY'
 import json, sys
 from pathlib import Path
-seen = []
+from analysis.paired import configuration_name
+from experiments.conf import compose
+entries = [dict(c) for c in compose("sweep")["configurations"]]
+names = {configuration_name(c) for c in entries}
 for line in (Path(sys.argv[1]) / "samples.jsonl").read_text().splitlines():
-    ran = json.loads(line)["auto"]["ran"]
-    if ran["strategy"] != "greedy":
-        entry = "{" + ", ".join(f"{k}: {ran[k]}" for k in ("strategy", "lookahead", "max_lead")) + "}"
-        seen.append(entry) if entry not in seen else None
-print(",".join(seen))
+    ran = {k: json.loads(line)["auto"]["ran"][k] for k in ("strategy", "lookahead", "max_lead")}
+    if ran["strategy"] != "greedy" and configuration_name(ran) not in names:
+        names.add(configuration_name(ran))
+        entries.append(ran)
+print("[" + ",".join("{" + ", ".join(f"{k}: {v}" for k, v in e.items()) + "}" for e in entries) + "]")
 PY
 )
-  defaults=$("$PY" -c "from experiments.conf import compose; print(','.join('{' + ', '.join(f'{k}: {v}' for k, v in c.items()) + '}' for c in compose('sweep')['configurations']))")
-  all="[$defaults${learned:+,$learned}]"
   HIERARCHIES="$H" DATASETS="$d" SWEEP_CONFIGURATIONS="configurations=$all" bash scripts/validation_paired.sh
   "$PY" -m analysis.learn "$run" "$OUT/$H/$d/sweep" | tee "$run/learning.md"
 done

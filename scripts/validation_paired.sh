@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Held-out validation on paired sweeps, into results/validation_paired/HIERARCHY/DATASET/:
-#  1. a machine profile of the hierarchy on the dataset's first 10 prompts (python -m experiments.profile);
+#  1. a machine profile of the hierarchy on the dataset's first 10 prompts (python -m experiments.profile),
+#     acceptance read along continuations as long as the sweep's generations;
 #  2. a paired, interleaved sweep (python -m experiments.sweep): greedy and the 10 configurations of
 #     conf/sweep.yaml on the 8 prompts after the first 20 (prompts the profile never saw), 3 repetitions,
-#     96 new tokens, each sample's speed factor against the profile;
+#     TOKENS (96) new tokens, each sample's speed factor against the profile;
 #  3. python -m analysis.validate PROFILE SWEEP (validation.txt, validation.json).
 # Every step resumes: a profile or finished sweep samples are kept. Run it on a quiet machine (about 30
 # minutes per hierarchy and dataset for SmolLM2 on a 2-core CPU).
@@ -18,6 +19,7 @@ HIERARCHIES=${HIERARCHIES:-"smollm2_suffix_fp32 smollm2_int8_fp32 smollm2_pld_in
 DATASETS=${DATASETS:-"humaneval news_lee_cnndm"}
 SAMPLES=${SAMPLES:-8}
 REPETITIONS=${REPETITIONS:-3}
+TOKENS=${TOKENS:-96}
 load() { echo "[validation_paired] $(date -u +%FT%TZ) $1 load: $(cut -d' ' -f1-3 /proc/loadavg)"; }
 for h in $HIERARCHIES; do
   for d in $DATASETS; do
@@ -25,11 +27,11 @@ for h in $HIERARCHIES; do
     mkdir -p "$dir"
     load "$h $d"
     [ -f "$dir/profile/profile.json" ] || "$PY" -m experiments.profile models="$h" dataset="$d" \
-        dataset.n_samples=10 hydra.run.dir="$dir/profile"
+        dataset.n_samples=10 profile.continuation="$TOKENS" hydra.run.dir="$dir/profile"
     resume=false
     [ -d "$dir/sweep/greedy" ] && resume=true
     "$PY" -m experiments.sweep models="$h" dataset="$d" samples="$SAMPLES" prompt_offset=20 \
-        repetitions="$REPETITIONS" max_new_tokens=96 profile="$dir/profile/profile.json" resume="$resume" \
+        repetitions="$REPETITIONS" max_new_tokens="$TOKENS" profile="$dir/profile/profile.json" resume="$resume" \
         progress=false hydra.run.dir="$dir/sweep" ${SWEEP_CONFIGURATIONS:+"$SWEEP_CONFIGURATIONS"}
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/sweep" > "$dir/validation.txt"
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/sweep" --json > "$dir/validation.json"

@@ -13,8 +13,9 @@ from analysis import profile as pf
 from analysis import simulate as sim
 from pipespec.errors import ConfigError
 
-# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_profile_predict")
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup),
+# the worker of test_validate_sweep.py, so that the session's measured tiny_k2 profile is measured once
+pytestmark = pytest.mark.xdist_group("tiny_k2_profile")
 SLOW_FIXTURES = ('tiny_profile',)  # a measured profile: their tests are `slow` (conftest.py)
 
 

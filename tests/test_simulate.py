@@ -235,3 +235,27 @@ def test_acceptance_along_continuations_is_read_off_them_by_position():
     assert sim.simulate_sync_sd([0.01, 0.05], [never], 3, 30, seed=1).accepted_counts[0] == (1,) * 30
     with pytest.raises(ValueError, match="runs"):
         sim.AlongContinuations([()], (0.5,))
+
+
+@pytest.mark.parametrize("schedule", ["sd", "pipespec"])
+def test_a_model_free_drafter_proposes_where_and_as_much_as_it_did_along_the_continuation(schedule):
+    """With the proposal lengths measured along the continuation (`proposed`), a model-free drafter proposes at
+    output position j exactly proposed[j] drafts (at most its window), none where it had no proposal: its
+    proposals and their acceptance come together, whatever its overall proposal rate (`supply`)."""
+    runs = (0, 0, 3, 2, 1, 0, 0, 0)
+    proposed = (0, 0, 4, 3, 2, 2, 0, 0)
+    along = sim.AlongContinuations([runs], (0.9,), proposed=[proposed])
+    if schedule == "sd":
+        result = sim.simulate_sync_sd([0.001, 0.05], [along], 6, 32, seed=0, supply=[0.01, None], end_at_budget=True)
+    else:
+        result = sim.simulate_pipespec([0.001, 0.05], [along], 32, lookahead=1, max_lead=6, seed=0,
+                                       supply=[0.01, None], end_at_budget=True)  # fmt: skip
+    # positions 0, 1: one-token steps; 2: 4 offered, 3 accepted + own token -> 6: none ... every 8 tokens
+    assert result.offered_counts[0] == (4,) * 4 and result.accepted_counts[0] == (4,) * 4
+    assert result.target_steps == 4 * 5  # per 8 tokens: steps at 0, 1, 2 (4 tokens), 6, 7
+    # the overall rate alone: proposals drawn at random positions, mostly where nothing is right
+    drawn = sim.AlongContinuations([runs], (0.9,))
+    unmeasured = sim.simulate_sync_sd([0.001, 0.05], [drawn], 6, 32, seed=0, supply=[1.0, None], end_at_budget=True)
+    assert unmeasured.offered_counts[0] != result.offered_counts[0]
+    with pytest.raises(ValueError, match="proposed"):
+        sim.AlongContinuations([runs], (0.9,), proposed=[(1,) * 8])  # a run longer than its proposal

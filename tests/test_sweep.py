@@ -82,6 +82,26 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     assert read_summary(copy / "sd_L2")["identical_to_greedy"] == "4/4"
 
 
+def test_a_started_sweep_resumes_only_with_the_configurations_it_started_with(swept, tmp_path, entry_point):
+    """A configuration added on resuming would be timed after the others, not interleaved with them; one left
+    out would stay half-measured: both are one error line, and nothing is measured."""
+    import shutil
+
+    out, _ = swept
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    before = {p: p.read_text() for p in copy.glob("*/samples.jsonl")}
+    added = CONFIGS.replace("]", ", {strategy: sd, lookahead: 3}]")
+    for configurations, message in ((added, "added ['sd_L3']"), ("configurations=[{strategy: sd, lookahead: 2}]",
+                                                                 "left out ['pipespec_L0_M4']")):  # fmt: skip
+        done = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={copy}", configurations, "resume=true",
+                           function="main")  # fmt: skip
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode == 2 and last.startswith("error: cannot resume the sweep") and message in last, last
+    assert not (copy / "sd_L3").exists()
+    assert {p: p.read_text() for p in copy.glob("*/samples.jsonl")} == before
+
+
 @pytest.mark.parametrize("override, message", [
     ("configurations=[]", "configurations must be a non-empty list"),
     ("configurations=[{strategy: pipespec, cascade: true}]", "configurations[0] cannot run on"),

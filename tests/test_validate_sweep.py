@@ -24,8 +24,9 @@ from analysis import profile as pf
 from analysis import validate as va
 from analysis.paired import PairedSpeedup, Sample
 
-# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_validate_sweep")
+# its module-scoped fixtures are built once: every test of the module on one xdist worker (--dist loadgroup),
+# the worker of test_profile_predict.py, so that the session's measured tiny_k2 profile is measured once
+pytestmark = pytest.mark.xdist_group("tiny_k2_profile")
 SLOW_FIXTURES = ('tiny_profile', 'swept')  # a measured profile and a paired sweep: their tests are `slow` (conftest.py)
 
 
@@ -396,3 +397,20 @@ def test_the_prediction_carries_an_interval_over_the_profiles_prompts():
     assert pr.predict_profile(profile, "sd", 2, tokens=16, prompt_tokens=10).seconds == prediction.seconds
     single = pr.predict_profile(pf.parse_profile(_hand_made_profile(runs[:1])), "sd", 2, tokens=16, prompt_tokens=10)
     assert single.tokens_per_s_interval is None  # one prompt: no spread to carry
+
+
+def test_a_run_longer_than_the_profiles_continuations_is_warned_about():
+    """Acceptance changes along a generation (a model-free drafter copies the prompt early on): a run that
+    generates more tokens than the profile's continuations is predicted from their start again, and told so."""
+    from analysis.runs import Run
+
+    profile = pf.parse_profile(_hand_made_profile([[1] * 8, [0] * 6]))
+    assert profile.continuation_tokens == 6
+
+    def run(tokens):
+        return Run(Path("run"), {"models": "hand", "dataset": "made"}, {"max_new_tokens": tokens}, {})
+
+    assert va.run_warnings(profile, run(6)) == []
+    warned = va.run_warnings(profile, run(16))
+    assert len(warned) == 1 and "along 6 tokens, the run generates 16" in warned[0]
+    assert "profile.continuation=16" in warned[0]
