@@ -23,6 +23,7 @@ Every configuration is lossless, so a switch never changes what a greedy run ret
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from analysis.profile import PairProfile, Profile, StageProfile, walk_counts
@@ -179,8 +180,9 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def learning_table(run_dir, sweep_dir) -> list[dict[str, Any]]:
     """Per call of a learning auto run (its sample records' `auto` decisions, the warm-up excluded): the
     configuration it ran, its measured paired speedup in the sweep of the same hierarchy and prompts, and
-    that over the sweep's best configuration (None where the sweep did not run it)."""
-    from analysis.paired import configuration_name, paired_speedups, sweep_samples
+    that over the sweep's best configuration (None where the sweep did not run it), and whether its output
+    equals the sweep's greedy output of that prompt (None where the sweep has none)."""
+    from analysis.paired import REFERENCE, configuration_name, paired_speedups, sweep_samples
     from analysis.rundir import ResultsError, read_records
 
     records, _ = read_records(run_dir)
@@ -188,14 +190,19 @@ def learning_table(run_dir, sweep_dir) -> list[dict[str, Any]]:
         raise ResultsError(f"{run_dir}: not a learning auto run (its records carry no `auto` decisions)")
     speedups = {s.configuration: s for s in paired_speedups(sweep_samples(sweep_dir))}
     best = max(speedups.values(), key=lambda s: s.speedup)
+    greedy = {}
+    for record in read_records(Path(sweep_dir) / REFERENCE)[0]:
+        greedy.setdefault(record["slot"]["prompt"], record["output_ids"])
     rows = []
     for record in records:
         ran = record["auto"]["ran"]
         name = configuration_name(ran)
         measured = speedups.get(name)
+        reference = greedy.get(record["sample_id"])
         rows.append({"sample": record["sample_id"], "configuration": name, "stages": ran.get("stages"),
                      "switched_next": record["auto"]["switched"], "paired_speedup": measured and measured.speedup,
-                     "of_best": measured and measured.speedup / best.speedup, "best": best.configuration})  # fmt: skip
+                     "of_best": measured and measured.speedup / best.speedup, "best": best.configuration,
+                     "identical_to_greedy": None if reference is None else record["output_ids"] == reference})  # fmt: skip
     return rows
 
 
@@ -220,12 +227,14 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"| call | configuration ran | paired speedup in the sweep | of the sweep's best ({rows[0]['best']}) |")
-    print("|---|---|---|---|")
+    print(f"| call | configuration ran | paired speedup in the sweep | of the sweep's best ({rows[0]['best']}) "
+          "| identical to the sweep's greedy |")
+    print("|---|---|---|---|---|")
     for i, row in enumerate(rows, 1):
         speed = "not in the sweep" if row["paired_speedup"] is None else f"{row['paired_speedup']:.3f}"
         share = "-" if row["of_best"] is None else f"{row['of_best']:.3f}"
-        print(f"| {i} | {row['configuration']} | {speed} | {share} |")
+        same = {None: "-", True: "yes", False: "NO"}[row["identical_to_greedy"]]
+        print(f"| {i} | {row['configuration']} | {speed} | {share} | {same} |")
     return 0
 
 

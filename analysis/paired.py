@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+REFERENCE = "greedy"  # the configuration every pair of a sweep is measured against
 RESAMPLES = 2000
 LEVEL = 0.95
 
@@ -118,7 +119,7 @@ def bootstrap_sampling(per_prompt: Sequence[Sequence[float]], rng: np.random.Gen
     return _interval(prompt_means[picks].mean(axis=1))
 
 
-def paired_speedups(samples: Iterable[Sample], reference: str = "greedy", seed: int = 0,
+def paired_speedups(samples: Iterable[Sample], reference: str = REFERENCE, seed: int = 0,
                     resamples: int = RESAMPLES) -> list[PairedSpeedup]:  # fmt: skip
     """Every configuration's paired speedup against `reference` (which itself comes out at exactly 1),
     fastest first. The prompts' means are weighted equally: a prompt with more repetitions counts once."""
@@ -144,7 +145,7 @@ def overlapping(a: PairedSpeedup, b: PairedSpeedup) -> bool:
     return a_low <= b_high and b_low <= a_high
 
 
-def format_table(speedups: Sequence[PairedSpeedup], reference: str = "greedy") -> str:
+def format_table(speedups: Sequence[PairedSpeedup], reference: str = REFERENCE) -> str:
     """Markdown: speedup, both intervals, and which configurations the best is not told apart from."""
     best = speedups[0] if speedups else None
     lines = [f"| configuration | speedup vs {reference} | 95% CI, repetitions | 95% CI, prompts | prompts x reps | "

@@ -77,7 +77,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from analysis.paired import (PairedSpeedup, Sample, log_ratios, overlapping, paired_speedups, speed_factor,
+from analysis.paired import (REFERENCE, PairedSpeedup, Sample, log_ratios, overlapping, paired_speedups, speed_factor,
                              sweep_samples)  # fmt: skip
 from analysis.predict import Prediction, paper_profile_counts, predict_profile
 from analysis.profile import Profile, ProfileError, load_profile, mismatches
@@ -391,7 +391,6 @@ def format_costs(profile: Profile, runs: Sequence[Run]) -> str:
 # (a decomposition), and the ranking; each beside the sweep's own noise floor.
 
 SWEEP_FORMAT = "pipespec-sweep-validation"
-REFERENCE = "greedy"  # every pair's reference (`experiments.sweep`)
 ACCEPTANCE, STEPS, VERIFY = "mean acceptance length", "target steps per token", "verification fraction"
 # what a held-out sweep must show: a largest value (|error|, regret), for spearman a least one
 TARGETS = {"speedup_median": 0.06, "speedup_max": 0.15, "counts_median": 0.06, "counts_max": 0.15, "regret": 0.03,

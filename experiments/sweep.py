@@ -35,12 +35,11 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from experiments.conf import CONFIG_PATH  # noqa: E402
-from analysis.paired import configuration_name  # noqa: E402
+from analysis.paired import REFERENCE, configuration_name  # noqa: E402
 from pipespec.errors import ConfigError  # noqa: E402
 
 CONFIGURATION_KEYS = ("strategy", "lookahead", "max_lead", "draft_confidence", "size_verification", "cascade",
                       "value_stop")  # fmt: skip
-REFERENCE = "greedy"
 
 
 @dataclass(frozen=True)

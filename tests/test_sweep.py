@@ -114,3 +114,35 @@ def test_a_bad_sweep_is_one_error_line_before_anything_starts(override, message,
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1], done.stderr[-2000:]
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("samples.jsonl"))
+
+
+def test_a_learning_runs_calls_against_the_sweep(swept, tmp_path, capsys):
+    """`python -m analysis.learn RUN SWEEP`: per call of an auto run that learns, the configuration it ran, its
+    paired speedup in the sweep and its share of the best, and whether its output is the sweep's greedy one."""
+    from analysis.learn import learning_table, main
+    from analysis.paired import paired_speedups, sweep_samples
+
+    out, _ = swept
+    greedy = {}
+    for record in read_records(out / "greedy")[0]:
+        greedy.setdefault(record["slot"]["prompt"], record["output_ids"])
+    prompts = sorted(greedy)
+    ran = [{"strategy": "sd", "lookahead": 2, "max_lead": 8}, {"strategy": "pipespec", "lookahead": 0, "max_lead": 4}]
+    run = tmp_path / "learn"
+    run.mkdir()
+    lines = [{"sample_id": prompt, "index": i, "output_ids": greedy[prompt] if i == 0 else [1, 2, 3], "output_text": "",
+              "new_tokens": 3, "time_s": 0.1, "stages": [], "auto": {"ran": ran[i], "switched": i == 0}}
+             for i, prompt in enumerate(prompts)]  # fmt: skip
+    (run / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    speedups = {s.configuration: s.speedup for s in paired_speedups(sweep_samples(out))}
+    best = max(speedups, key=speedups.get)
+    rows = learning_table(run, out)
+    assert [r["configuration"] for r in rows] == ["sd_L2", "pipespec_L0_M4"]
+    assert [r["identical_to_greedy"] for r in rows] == [True, False]
+    assert rows[0]["paired_speedup"] == pytest.approx(speedups["sd_L2"]) and rows[0]["best"] == best
+    assert rows[1]["of_best"] == pytest.approx(speedups["pipespec_L0_M4"] / speedups[best])
+    assert main([str(run), str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| 1 | sd_L2 |" in table and table.rstrip().endswith("| NO |")
+    (run / "samples.jsonl").write_text("")
+    assert main([str(run), str(out)]) == 2 and "not a learning auto run" in capsys.readouterr().err
