@@ -18,10 +18,11 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 PY=${PY:-.venv/bin/python}
 H=${HIERARCHY:-smollm2_suffix_fp32}
 OUT=${OUT:-results/validation_paired}
+export TOKENS=${TOKENS:-96}  # new tokens per prompt: the learning runs, the profiles' continuations, the sweeps
 other() { [ "$1" = humaneval ] && echo news_lee_cnndm || echo humaneval; }
 for d in humaneval news_lee_cnndm; do
   [ -f "$OUT/$H/$d/profile/profile.json" ] || "$PY" -m experiments.profile models="$H" dataset="$d" \
-      dataset.n_samples=10 profile.continuation=96 hydra.run.dir="$OUT/$H/$d/profile"
+      dataset.n_samples=10 profile.continuation="$TOKENS" hydra.run.dir="$OUT/$H/$d/profile"
 done
 for d in humaneval news_lee_cnndm; do
   o=$(other "$d")
@@ -35,7 +36,7 @@ print("[" + ",".join(f'"{s.sample_id}"' for s in samples) + "]")
 PY
 )
   [ -f "$run/summary.json" ] || "$PY" -m experiments.run models="$H" dataset="$d" "dataset.ids=$ids" \
-      dataset.n_samples=null max_new_tokens=96 strategy=auto strategy.learn=true \
+      dataset.n_samples=null max_new_tokens="$TOKENS" strategy=auto strategy.learn=true \
       strategy.profile="$OUT/$H/$o/profile/profile.json" run.progress=false hydra.run.dir="$run"
   # conf/sweep.yaml's configurations, then each one the learning run ran that is not among them (by name)
   all=$("$PY" - "$run" <<'PY'
