@@ -4,7 +4,7 @@ machine profile `auto` ranks configurations with, so the next call can run a bet
     observed = Observed()
     observed.add(profile, stage_indices, stage_traces)      # after each call (its traces, smallest stage first)
     learned = learned_profile(profile, observed)            # the profile as these calls revise it
-    decision = next_configuration(learned, current)         # stay, or switch (and why)
+    decision = next_configuration(profile, observed, current)  # stay, or switch (and why)
 
 - **Acceptance.** A verifier's trace says, per verification, how many drafts it was offered and how many it
   kept: by draft position, drafts offered there (every earlier one kept) and kept. Those counts are added to
@@ -13,58 +13,82 @@ machine profile `auto` ranks configurations with, so the next call can run a bet
 - **Costs.** Each model stage's measured step seconds against the profile's t(n) for the same steps give the
   stage's speed on this run (`analysis.paired.speed_factor`'s ratio, pooled over the calls): its t(n) is scaled
   by it, so stages whose speed differs from the profile's (contention, another kernel) are ranked as they run.
-- **The switch.** Every configuration is predicted again (`analysis.predict.sweep`); the run switches when the
-  best one is predicted faster than the current one by more than `margin` (a hysteresis: acceptance
-  estimated from a few calls moves by several percent), and each decision says why.
+- **The switch.** Every configuration is predicted again on the learned profile (`analysis.predict.sweep`); the
+  run switches when the best one is predicted faster than the current one beyond the 95% interval of that
+  gain (`gain_interval`: a bootstrap over what the acceptance was learned from, the profile's prompts and
+  the run's calls, both configurations predicted on each replicate, and the model's own held-out error on
+  a gain), and each decision says why.
 
 Every configuration is lossless, so a switch never changes what a greedy run returns.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from analysis.predict import INTERVAL_Z, predict_profile, sweep
 from analysis.profile import PairProfile, Profile, StageProfile, walk_counts
 
-MARGIN = 0.03  # predicted gain a switch needs
 MIN_OFFERED = 8  # drafts a pair must have been offered at its first position before its observations count
+REPLICATES = 20  # bootstrap replicates behind a switch's interval
+# The model's own error on the gain of one configuration over another, held out: the root mean square of
+# log(predicted gain / measured gain) over every pair of configurations in the committed paired validations
+# (results/validation_paired/*/*/validation.json: 190 pairs in four sweeps; tests/test_learn.py recomputes it)
+MODEL_GAIN_ERROR = 0.048
+
+Counts = tuple[list[int], list[int]]  # drafts offered and kept, by draft position
 
 
 @dataclass
 class Observed:
     """What a run's calls added: per (drafter, verifier) pair of profile stages, drafts offered and kept by
-    position; per profile stage, measured step seconds and the profile's t(n) for the same steps."""
+    position, pooled and per call; per profile stage, measured step seconds and the profile's t(n) for the
+    same steps."""
 
     offered: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     measured_s: dict[int, float] = field(default_factory=dict)
     profile_s: dict[int, float] = field(default_factory=dict)
     calls: int = 0
+    per_call: list[dict[tuple[int, int], Counts]] = field(default_factory=list)
 
     def add(self, profile: Profile, stage_indices: Sequence[int], traces: Sequence[Any]) -> None:
         """One call's traces (`pipespec.trace.StageTrace`, or their dicts), the stages that ran in order;
         `stage_indices`: their positions in the profile's hierarchy."""
-        self.calls += 1
         steps = [t["steps"] if isinstance(t, Mapping) else t.steps for t in traces]
+        call = {}
         for position, (stage, columns) in enumerate(zip(stage_indices, steps)):
             if position > 0:
-                self._add_verifications((stage_indices[position - 1], stage), columns)
+                call[(stage_indices[position - 1], stage)] = verification_counts(columns)
             if not profile.stages[stage].model_free:
                 self._add_costs(stage, columns, profile.stages[stage].step_s_alone)
+        self._add_call(call)
 
-    def _add_verifications(self, pair: tuple[int, int], columns: Mapping[str, Sequence]) -> None:
-        offered, accepted = self.offered.setdefault(pair, []), self.accepted.setdefault(pair, [])
-        for kind, drafts, kept in zip(columns["kind"], columns["offered"], columns["accepted"]):
-            if kind != "verify" or not drafts:
-                continue
-            for p in range(min(drafts, kept + 1)):  # position p was offered: every earlier draft kept
-                if p >= len(offered):
-                    offered.append(0)
-                    accepted.append(0)
-                offered[p] += 1
-                accepted[p] += p < kept
+    def _add_call(self, call: dict[tuple[int, int], Counts]) -> None:
+        self.calls += 1
+        self.per_call.append(call)
+        for pair, (offered, accepted) in call.items():
+            pooled_offered, pooled_accepted = self.offered.setdefault(pair, []), self.accepted.setdefault(pair, [])
+            for p, (o, a) in enumerate(zip(offered, accepted)):
+                if p >= len(pooled_offered):
+                    pooled_offered.append(0)
+                    pooled_accepted.append(0)
+                pooled_offered[p] += o
+                pooled_accepted[p] += a
+
+    def drawn(self, calls: Sequence[int]) -> "Observed":
+        """The same run with its acceptance counts from `calls` (indices into `per_call`, repeats allowed);
+        the stages' speeds as measured."""
+        observed = Observed(measured_s=dict(self.measured_s), profile_s=dict(self.profile_s))
+        for index in calls:
+            observed._add_call(self.per_call[index])
+        return observed
 
     def _add_costs(self, stage: int, columns: Mapping[str, Sequence], step_s: Sequence[float]) -> None:
         from analysis.paired import profile_step_cost
@@ -79,6 +103,23 @@ class Observed:
         """The stage's measured step seconds over the profile's for the same steps (None: none measured)."""
         predicted = self.profile_s.get(stage, 0.0)
         return self.measured_s[stage] / predicted if predicted > 0 else None
+
+
+def verification_counts(columns: Mapping[str, Sequence]) -> Counts:
+    """A verifier's trace columns as drafts offered and kept by position: a verification of d drafts that
+    kept k offered positions 0..min(d, k + 1) - 1 (every earlier draft kept) and kept 0..k - 1."""
+    offered: list[int] = []
+    accepted: list[int] = []
+    for kind, drafts, kept in zip(columns["kind"], columns["offered"], columns["accepted"]):
+        if kind != "verify" or not drafts:
+            continue
+        for p in range(min(drafts, kept + 1)):
+            if p >= len(offered):
+                offered.append(0)
+                accepted.append(0)
+            offered[p] += 1
+            accepted[p] += p < kept
+    return offered, accepted
 
 
 def prior_counts(pair: PairProfile, positions: int) -> tuple[list[int], list[int]]:
@@ -131,13 +172,16 @@ def learned_profile(profile: Profile, observed: Observed) -> Profile:
 @dataclass(frozen=True)
 class Decision:
     """What the next call runs: a configuration (strategy, lookahead, max_lead, stages), whether that is a
-    switch, the predictions behind it and why."""
+    switch, the predictions behind it, the best one's predicted gain over the current one with its 95%
+    interval (None: the current one is the best, or no longer ranked) and why."""
 
     configuration: dict[str, Any]
     switched: bool
     predicted_tokens_per_s: float
     current_tokens_per_s: float | None
     reason: str
+    gain: float | None = None
+    gain_interval: tuple[float, float] | None = None
 
 
 def configuration_of(prediction) -> dict[str, Any]:
@@ -147,24 +191,81 @@ def configuration_of(prediction) -> dict[str, Any]:
             "stages": list(prediction.stage_indices), **({"tree_nodes": trees} if trees else {})}  # fmt: skip
 
 
-def next_configuration(profile: Profile, current: Mapping[str, Any], tokens: int = 128, margin: float = MARGIN,
+def next_configuration(profile: Profile, observed: Observed, current: Mapping[str, Any], tokens: int = 128,
                        allowed=None) -> Decision:  # fmt: skip
-    """Stay with `current` unless the best predicted configuration (among those `allowed(configuration)`
-    accepts; None: all) beats it by more than `margin`."""
-    from analysis.predict import sweep
-
-    ranked, _ = sweep(profile, tokens)
+    """Stay with `current` unless the best configuration predicted on the learned profile (among those
+    `allowed(configuration)` accepts; None: all) is faster beyond the 95% interval of its gain over
+    `current` (`gain_interval`)."""
+    ranked, _ = sweep(learned_profile(profile, observed), tokens)
     ranked = [p for p in ranked if allowed is None or allowed(configuration_of(p))]
     best = ranked[0]
     here = next((p for p in ranked if _same(configuration_of(p), current)), None)
-    rate = here.predicted_tokens_per_s if here is not None else None
-    if here is None or best.predicted_tokens_per_s > rate * (1 + margin):
-        why = (f"predicted {best.predicted_tokens_per_s:.1f} tokens/s against "
-               + (f"{rate:.1f} for the current one" if rate is not None else "the current one, no longer ranked"))
-        return Decision(configuration_of(best), not _same(configuration_of(best), current), best.predicted_tokens_per_s,
-                        rate, why)  # fmt: skip
-    return Decision(dict(current), False, rate, rate,
-                    f"the best other is within {margin:.0%} ({best.predicted_tokens_per_s:.1f} against {rate:.1f})")
+    if here is None:
+        return Decision(configuration_of(best), True, best.predicted_tokens_per_s, None,
+                        f"predicted {best.predicted_tokens_per_s:.1f} tokens/s; the current one is no longer ranked")
+    rate = here.predicted_tokens_per_s
+    if here is best:
+        return Decision(dict(current), False, rate, rate, f"predicted the fastest ({rate:.1f} tokens/s)")
+    gain = best.predicted_tokens_per_s / rate
+    interval = gain_interval(profile, observed, configuration_of(best), configuration_of(here), tokens, gain)
+    why = (f"{best.strategy} L{best.lookahead} M{best.max_lead} on stages {list(best.stage_indices)} predicted "
+           f"{best.predicted_tokens_per_s:.1f} tokens/s against {rate:.1f}: a gain of {gain:.3f} (95% interval "
+           f"{interval[0]:.3f}-{interval[1]:.3f})")  # fmt: skip
+    if interval[0] > 1.0:
+        return Decision(configuration_of(best), True, best.predicted_tokens_per_s, rate, why, gain, interval)
+    return Decision(dict(current), False, rate, rate, why + ", not beyond it", gain, interval)
+
+
+def drawn_profile(profile: Profile, prompts: Sequence[int]) -> Profile:
+    """The profile with every pair's continuations those of `prompts` (indices, repeats allowed): its runs,
+    proposals and token trees of each drawn prompt, the same prompts for every pair."""
+
+    def pick(rows: tuple) -> tuple:
+        return tuple(rows[i % len(rows)] for i in prompts) if rows else rows
+
+    def drawn(pair: PairProfile) -> PairProfile:
+        trees = tuple(replace(t, runs=pick(t.runs), nodes=pick(t.nodes)) for t in pair.tree_runs)
+        return replace(pair, runs=pick(pair.runs), proposed=pick(pair.proposed), tree_runs=trees)
+
+    return replace(profile, pairs=tuple(drawn(p) for p in profile.pairs),
+                   skip_pairs=tuple((d, v, drawn(p)) for d, v, p in profile.skip_pairs))  # fmt: skip
+
+
+def gain_interval(profile: Profile, observed: Observed, best: Mapping[str, Any], current: Mapping[str, Any],
+                  tokens: int, gain: float, replicates: int = REPLICATES) -> tuple[float, float]:  # fmt: skip
+    """The 95% interval of `best`'s predicted tokens/s over `current`'s (`gain` on the learned profile):
+    `gain` times exp(+-1.96 sd), sd the two errors of a predicted gain combined: what the acceptance was
+    learned from, a stratified bootstrap over the profile's prompts (their continuations) and the run's
+    calls (their counts), each drawn with replacement, both configurations predicted on each replicate's
+    learned profile (the sd of the replicates' log gains; 0 where neither has two members to draw from);
+    and the model's own error on a gain, held out (`MODEL_GAIN_ERROR`). Seeded by the call count: a
+    decision is reproducible."""
+    half = INTERVAL_Z * math.hypot(_bootstrap_sd(profile, observed, best, current, tokens, replicates),
+                                   MODEL_GAIN_ERROR)  # fmt: skip
+    return gain * math.exp(-half), gain * math.exp(half)
+
+
+def _bootstrap_sd(profile: Profile, observed: Observed, best: Mapping[str, Any], current: Mapping[str, Any],
+                  tokens: int, replicates: int) -> float:  # fmt: skip
+    """The sd of log(best / current) predicted tokens/s over bootstrap replicates of the learned profile."""
+    prompts = max((len(p.runs) for p in profile.pairs), default=0)
+    if prompts < 2 and len(observed.per_call) < 2:
+        return 0.0
+    rng = np.random.default_rng(observed.calls)
+
+    def draw(members: int) -> Sequence[int]:
+        return rng.integers(0, members, members).tolist() if members >= 2 else range(members)
+
+    def rate(learned: Profile, c: Mapping[str, Any]) -> float:
+        return predict_profile(learned, c["strategy"], c["lookahead"], c["max_lead"], tokens,
+                               None if c["strategy"] == "greedy" else c["stages"],
+                               tree_nodes=c.get("tree_nodes", 0)).predicted_tokens_per_s  # fmt: skip
+
+    logs = []
+    for _ in range(replicates):
+        learned = learned_profile(drawn_profile(profile, draw(prompts)), observed.drawn(draw(len(observed.per_call))))
+        logs.append(math.log(rate(learned, best) / rate(learned, current)))
+    return statistics.stdev(logs)
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -200,10 +301,20 @@ def learning_table(run_dir, sweep_dir) -> list[dict[str, Any]]:
         measured = speedups.get(name)
         reference = greedy.get(record["sample_id"])
         rows.append({"sample": record["sample_id"], "configuration": name, "stages": ran.get("stages"),
-                     "switched_next": record["auto"]["switched"], "paired_speedup": measured and measured.speedup,
+                     "switched_next": record["auto"]["switched"], "gain": record["auto"].get("gain"),
+                     "gain_interval": record["auto"].get("gain_interval"), "paired_speedup": measured and measured.speedup,
                      "of_best": measured and measured.speedup / best.speedup, "best": best.configuration,
                      "identical_to_greedy": None if reference is None else record["output_ids"] == reference})  # fmt: skip
     return rows
+
+
+def _gain_text(row: Mapping[str, Any]) -> str:
+    """'1.018 (1.004-1.031)'; '-' where the call's configuration was predicted the fastest (or the run
+    predates gains)."""
+    if row["gain"] is None:
+        return "-"
+    interval = row["gain_interval"]
+    return f"{row['gain']:.3f}" + ("" if interval is None else f" ({interval[0]:.3f}-{interval[1]:.3f})")
 
 
 def main(argv=None) -> int:
@@ -228,13 +339,14 @@ def main(argv=None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(f"| call | configuration ran | paired speedup in the sweep | of the sweep's best ({rows[0]['best']}) "
-          "| identical to the sweep's greedy |")
-    print("|---|---|---|---|---|")
+          "| identical to the sweep's greedy | then: the best's predicted gain (95% interval) | switched |")
+    print("|---|---|---|---|---|---|---|")
     for i, row in enumerate(rows, 1):
         speed = "not in the sweep" if row["paired_speedup"] is None else f"{row['paired_speedup']:.3f}"
         share = "-" if row["of_best"] is None else f"{row['of_best']:.3f}"
         same = {None: "-", True: "yes", False: "NO"}[row["identical_to_greedy"]]
-        print(f"| {i} | {row['configuration']} | {speed} | {share} | {same} |")
+        print(f"| {i} | {row['configuration']} | {speed} | {share} | {same} | {_gain_text(row)} "
+              f"| {'yes' if row['switched_next'] else 'no'} |")
     return 0
 
 

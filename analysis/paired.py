@@ -179,7 +179,8 @@ def profile_step_cost(step_s: Sequence[float], n: int) -> float:
 
 
 def configuration_name(options: Mapping[str, Any]) -> str:
-    """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade and _v0.1 (value_stop) suffixes."""
+    """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade, _v0.1 (value_stop) and _T4 (the
+    first stage's token trees of 4 nodes, `tree_nodes`) suffixes."""
     from pipespec.schedule import DEFAULT_MAX_LEAD
 
     strategy = options.get("strategy", "pipespec")
@@ -190,7 +191,8 @@ def configuration_name(options: Mapping[str, Any]) -> str:
         name += f"_M{options.get('max_lead', DEFAULT_MAX_LEAD)}"
     extras = [(options.get("draft_confidence"), f"_c{options.get('draft_confidence')}"),
               (options.get("size_verification"), "_sized"), (options.get("cascade"), "_cascade"),
-              (options.get("value_stop"), f"_v{options.get('value_stop')}")]  # fmt: skip
+              (options.get("value_stop"), f"_v{options.get('value_stop')}"),
+              (options.get("tree_nodes"), f"_T{options.get('tree_nodes')}")]  # fmt: skip
     return name + "".join(suffix for value, suffix in extras if value)
 
 

@@ -80,6 +80,13 @@ class Run:
         return str(self.summary.get("dataset") or _get(self.config, "dataset.name") or "")
 
     @property
+    def tree_nodes(self) -> int:
+        """The first stage's token trees (0: it proposes chains)."""
+        stages = _get(self.config, "models.stages") or []
+        first = stages[0] if stages and isinstance(stages[0], dict) else {}
+        return int(first.get("tree_nodes") or 0)
+
+    @property
     def stage_names(self) -> list[str]:
         names = self.summary.get("stage_names")
         if names:

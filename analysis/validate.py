@@ -158,8 +158,8 @@ def why_not(run: Run) -> str | None:
 
 
 def predict_run(profile: Profile, run: Run) -> Prediction:
-    """The profile's prediction of the configuration a run ran (strategy, lookahead, max_lead, its stages),
-    at its mean new tokens and prompt tokens per sample."""
+    """The profile's prediction of the configuration a run ran (strategy, lookahead, max_lead, its stages, its
+    first stage's token trees), at its mean new tokens and prompt tokens per sample."""
     stages = run_stages(profile, run)
     if stages is None and run.strategy != "greedy":
         raise ConfigError(f"{run.path}: its stages {run.stage_names} are not all in the profile "
@@ -169,7 +169,8 @@ def predict_run(profile: Profile, run: Run) -> Prediction:
     max_lead = run.max_lead if run.max_lead is not None else DEFAULT_MAX_LEAD
     return predict_profile(profile, run.strategy, run.lookahead, max_lead, tokens,
                            stages=None if run.strategy == "greedy" else stages, prompt_tokens=prompt,
-                           size_verification=bool(run.summary.get("size_verification", False)))  # fmt: skip
+                           size_verification=bool(run.summary.get("size_verification", False)),
+                           tree_nodes=0 if run.strategy == "greedy" else run.tree_nodes)  # fmt: skip
 
 
 def validate_run(profile: Profile, run: Run) -> Validation:

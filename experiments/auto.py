@@ -243,7 +243,8 @@ class AutoPipeline(Pipeline):
 
     `learn=True`: every stage of the hierarchy is started, and after each call its traces revise the
     profile (`analysis.learn`: acceptance by position, each stage's speed) and the next call runs the
-    configuration then predicted fastest, when it beats the current one by more than `analysis.learn.MARGIN`
+    configuration then predicted fastest, when its predicted gain over the current one is beyond that gain's
+    95% interval (`analysis.learn.next_configuration`)
     (another strategy, lookahead, max_lead or subset of the stages: `generate(..., stages=)`). Every decision
     is in `decisions` (one per call: what ran, what runs next, whether that is a switch, and why). A
     caller's own strategy options on a call are refused: the configuration is auto's."""
@@ -270,8 +271,7 @@ class AutoPipeline(Pipeline):
 
             self.profile = load_profile(choice.profile)
             self.observed = Observed()
-            self.configuration = {"strategy": choice.strategy, "lookahead": choice.lookahead,
-                                  "max_lead": choice.max_lead, "stages": list(choice.stages)}  # fmt: skip
+            self.configuration = dict(choice.record()["chosen"])  # with `tree_nodes` where it chose token trees
 
     def generate(self, prompt, max_new_tokens: int = 128, **options):
         if not self.learn:
@@ -292,7 +292,7 @@ class AutoPipeline(Pipeline):
 
     def _learn_from(self, result, ran: dict[str, Any]) -> dict[str, Any]:
         """Fold the call's traces into the profile and decide the next configuration (`analysis.learn`)."""
-        from analysis.learn import learned_profile, next_configuration
+        from analysis.learn import next_configuration
 
         self.observed.add(self.profile, result.stages, result.stage_traces)
         trees = self.auto.tree_nodes  # the first stage's, fixed when it started: a configuration with it uses it
@@ -301,8 +301,9 @@ class AutoPipeline(Pipeline):
             with_first = c["strategy"] != "greedy" and c["stages"][0] == 0
             return c.get("tree_nodes", 0) == (trees if with_first else 0)
 
-        decision = next_configuration(learned_profile(self.profile, self.observed), ran, PREDICT_TOKENS, allowed=runnable)
+        decision = next_configuration(self.profile, self.observed, ran, PREDICT_TOKENS, allowed=runnable)
         self.configuration = decision.configuration
         return {"call": len(self.decisions) + 1, "ran": ran, "tokens_per_s": len(result.tokens) / result.time_s,
                 "next": decision.configuration, "switched": decision.switched, "reason": decision.reason,
-                "predicted_tokens_per_s": decision.predicted_tokens_per_s}  # fmt: skip
+                "predicted_tokens_per_s": decision.predicted_tokens_per_s, "gain": decision.gain,
+                "gain_interval": decision.gain_interval and list(decision.gain_interval)}  # fmt: skip

@@ -50,9 +50,11 @@ class Configuration:
     options: dict[str, Any]
 
 
-def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Sequence[str]) -> list[Configuration]:
+def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Sequence[str],
+                         tree_nodes: int = 0) -> list[Configuration]:  # fmt: skip
     """The sweep's configurations, greedy first: each a mapping of `CONFIGURATION_KEYS` (and `name`) that can
-    run on these stages; a `ConfigError` naming the bad one before anything starts."""
+    run on these stages; a `ConfigError` naming the bad one before anything starts. `tree_nodes`: the first
+    stage's token trees (> 0: every configuration runs them, and its default name says so)."""
     from pipespec.options import CallOptions
 
     if not isinstance(raw, (list, tuple)) or not raw:
@@ -70,7 +72,7 @@ def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Seq
             CallOptions(**options).plan(stage_kinds, stage_labels)
         except ConfigError as error:
             raise ConfigError(f"{where} cannot run on {' > '.join(stage_labels)}: {error}") from None
-        name = str(entry.get("name") or configuration_name(options))
+        name = str(entry.get("name") or configuration_name({**options, "tree_nodes": tree_nodes}))
         if any(name == c.name for c in found):
             if name == REFERENCE:
                 continue  # greedy listed again: it runs once, as the reference
@@ -239,7 +241,8 @@ def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
 
     check_counts(cfg)
     specs = resolve_stages(cfg["models"]["stages"])
-    configurations = check_configurations(cfg["configurations"], [s.kind for s in specs], [s.label for s in specs])
+    configurations = check_configurations(cfg["configurations"], [s.kind for s in specs], [s.label for s in specs],
+                                          specs[0].tree_nodes)  # fmt: skip
     step_s = profile_target_costs(cfg.get("profile"), specs)
     pipe = Pipeline(specs, stall_timeout_s=cfg["stall_timeout_s"], start_timeout_s=cfg["start_timeout_s"])
     prompts = sweep_prompts(cfg, pipe.tokenizer, pipe.context_length)

@@ -8,8 +8,9 @@ graph constants, and with an error, not a silent eager fallback, where dynamo wo
 
 `warm_up` compiles every graph the stage loop will run before the first timed call (`sweep`: first calls
 on an empty cache, 1..`WARM_FED` tokens fed after a crop, steps that extend the cache, a seeded walk of
-partial acceptances, token trees where the stage's drafter proposes them), until a sweep compiles no new
-graph. `CausalLMRunner` makes each first call's K/V contiguous for a compiled model, so the guards see a
+partial acceptances, token trees where the stage's drafter proposes them, a request's first step among
+them), until a sweep compiles no new graph; each request's trace then counts the graphs the stage compiled
+during it (`StageTrace.compiled_graphs`: 0 once warmed up). `CausalLMRunner` makes each first call's K/V contiguous for a compiled model, so the guards see a
 contiguous cache or a crop of one. The warm-up's seconds are the stage's warm-up,
 reported apart from any call (`Pipeline.warm_up_s`). Inductor's C++ kernels are cached on disk
 (`artefact_cache`, under `pipespec.cache.cache_root() / "inductor"` unless TORCHINDUCTOR_CACHE_DIR is
@@ -106,15 +107,24 @@ def compile_forward(model, weight_prepack: bool = True):
 
 def sweep(runner, context: list[int], max_fed: int, tree_nodes: int = 0, seed: int = 0) -> None:
     """One untimed sweep over the stage loop's cache patterns after `context`: first calls on an empty cache
-    (with drafts and without), n = 1..max_fed tokens fed after a crop (a verifier after a rollback: the
-    cache a strided view), steps of 1 and 2 tokens that extend the cache (contiguous), then a seeded walk
-    of verifications that keep a random part of their drafts, each next step extending the cache or
-    cropping it first, with a two-branch token tree of up to `tree_nodes` nodes among them where > 0 (the
-    guards are on sizes, strides and whether the cache is empty)."""
+    (with drafts and without, and with a two-branch token tree of up to `tree_nodes` nodes where > 0),
+    n = 1..max_fed tokens fed after a crop (a verifier after a rollback: the cache a strided view), steps
+    of 1 and 2 tokens that extend the cache (contiguous), then a seeded walk of verifications that keep a
+    random part of their drafts, each next step extending the cache or cropping it first, with such a tree
+    among them where `tree_nodes` > 0 (the guards are on sizes, strides and whether the cache is empty)."""
     import random
 
     rng = random.Random(seed)
     filler = [int(context[-1])] * max_fed
+    half = max(1, min(tree_nodes, max_fed) // 2)
+
+    def tree() -> DraftTree:
+        return DraftTree.from_paths([filler[:half], [int(context[-2])] * half])
+
+    if tree_nodes:  # a request's first step with a tree: the drafter indexed the prompt in an earlier request
+        runner.start()
+        runner.forward_tree(context, tree())
+        runner.keep_path([])
     for drafts in ([], filler[:2]):
         runner.start()
         runner.forward(context, drafts)
@@ -128,8 +138,7 @@ def sweep(runner, context: list[int], max_fed: int, tree_nodes: int = 0, seed: i
         sequence += filler[:n]
     for step in range(WALK_STEPS):
         if tree_nodes and step % 4 == 3:
-            half = max(1, min(tree_nodes, max_fed) // 2)
-            runner.forward_tree(sequence, DraftTree.from_paths([filler[:half], [int(context[-2])] * half]))
+            runner.forward_tree(sequence, tree())
             kept = rng.randint(0, half)
             runner.keep_path(list(range(kept)))
         else:

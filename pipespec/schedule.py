@@ -49,7 +49,7 @@ A drafter with no lead always drafts, so its estimates keep learning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipespec.errors import ConfigError
 from pipespec.protocol import Role
@@ -126,9 +126,9 @@ def roles(strategy: str, n_stages: int, lookahead: int, max_lead: int, draft_con
 FINISH, IDLE, WAIT, PROPOSE, STEP, TAKE = "finish", "idle", "wait", "propose", "step", "take"
 
 
-@dataclass(frozen=True)
-class StageView:
-    """What a stage knows when it picks its next action; counts are tokens."""
+class StageView(NamedTuple):
+    """What a stage knows when it picks its next action; counts are tokens. (An immutable named tuple: the
+    engine and the simulator build one per decision, millions in a simulation.)"""
 
     generated: int  # its buffer
     budget: int  # max_new_tokens
@@ -148,8 +148,7 @@ class StageView:
         return self.budget - self.generated
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(NamedTuple):
     kind: str  # FINISH | IDLE (wait for a commit) | WAIT (for drafts) | PROPOSE (up to `n`) | STEP (verify `n`)
     #            | TAKE (append the first `n` drafts unverified: a cascade's pass-through)
     n: int = 0

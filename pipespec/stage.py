@@ -96,6 +96,14 @@ class StageEngine:
         self.kept = schedule.VerifyHistory()  # a drafter: how many of its drafts the next stage kept, by position
         self.seconds_per_token = 0.0  # a drafter: the pace of the next stage's commits (the last request's)
 
+    def compiled_graphs(self) -> int | None:
+        """Graphs compiled in this process so far, for a compiled stage (None: not compiled)."""
+        if not self.spec.compile or self.runner is None:
+            return None
+        from pipespec.compiled import compiled_graphs
+
+        return compiled_graphs()
+
     def start(self) -> None:
         if self.runner is not None:
             self.runner.start()
@@ -573,10 +581,13 @@ def serve(index: int, n_stages: int, engine: StageEngine, inbox: Inbox) -> None:
         if job.forget_outputs and engine.lookup is not None:
             engine.lookup.forget_outputs()
         request = StageRequest(index, job, engine, link, job.stage_names)
+        graphs = engine.compiled_graphs()
         output = request.run(inbox.for_request(job.request))
         request.log("finished", output)
         if engine.gpu is not None:
             request.trace.gpu = engine.gpu.window(request.trace.start_time, request.trace.end_time)
+        if graphs is not None:
+            request.trace.compiled_graphs = engine.compiled_graphs() - graphs
         link.send(0, Trace(index, job.request, request.trace.to_dict()))
         if output is not None:
             for other in range(n_stages - 1):

@@ -8,7 +8,9 @@
 #  3. the dataset's paired sweep (scripts/validation_paired.sh), with every configuration the learning run
 #     ran added to the sweep's list, so each one's paired speedup is measured beside the best fixed one,
 #     interleaved with them (a sweep started before with a shorter list refuses to resume with a longer one:
-#     remove it and run this again);
+#     remove it and run this again); where the run's first stage proposed token trees of T nodes (auto chose
+#     them: the size is the stage's own, fixed when it started), a sweep whose first stage proposes the same
+#     trees, sweep_TT, every configuration of it with trees;
 #  4. python -m analysis.learn RUN SWEEP: per call, the configuration and its paired speedup / the best's.
 # Every step resumes. Usage: HIERARCHY=smollm2_suffix_fp32 bash scripts/auto_learn.sh (quiet machine: about
 # 50 minutes for SmolLM2 suffix -> fp32 on the 2-core development machine)
@@ -38,12 +40,15 @@ PY
   [ -f "$run/summary.json" ] || "$PY" -m experiments.run models="$H" dataset="$d" "dataset.ids=$ids" \
       dataset.n_samples=null max_new_tokens="$TOKENS" strategy=auto strategy.learn=true \
       strategy.profile="$OUT/$H/$o/profile/profile.json" run.progress=false hydra.run.dir="$run"
-  # conf/sweep.yaml's configurations, then each one the learning run ran that is not among them (by name)
-  all=$("$PY" - "$run" <<'PY'
+  # the token trees the run's first stage proposed (0: chains); conf/sweep.yaml's configurations, then each one
+  # the learning run ran that is not among them (by name)
+  read -r trees all < <("$PY" - "$run" <<'PY'
 import json, sys
 from pathlib import Path
 from analysis.paired import configuration_name
+from analysis.rundir import read_summary
 from experiments.conf import compose
+trees = read_summary(Path(sys.argv[1]))["auto"]["chosen"].get("tree_nodes", 0)
 entries = [dict(c) for c in compose("sweep")["configurations"]]
 names = {configuration_name(c) for c in entries}
 for line in (Path(sys.argv[1]) / "samples.jsonl").read_text().splitlines():
@@ -51,9 +56,12 @@ for line in (Path(sys.argv[1]) / "samples.jsonl").read_text().splitlines():
     if ran["strategy"] != "greedy" and configuration_name(ran) not in names:
         names.add(configuration_name(ran))
         entries.append(ran)
-print("[" + ",".join("{" + ", ".join(f"{k}: {v}" for k, v in e.items()) + "}" for e in entries) + "]")
+print(trees, "[" + ",".join("{" + ", ".join(f"{k}: {v}" for k, v in e.items()) + "}" for e in entries) + "]")
 PY
 )
-  HIERARCHIES="$H" DATASETS="$d" SWEEP_CONFIGURATIONS="configurations=$all" bash scripts/validation_paired.sh
-  "$PY" -m analysis.learn "$run" "$OUT/$H/$d/sweep" | tee "$run/learning.md"
+  name=sweep overrides=""
+  if [ "$trees" -gt 0 ]; then name="sweep_T$trees" overrides="+models.stages.0.tree_nodes=$trees"; fi
+  HIERARCHIES="$H" DATASETS="$d" SWEEP_CONFIGURATIONS="configurations=$all" SWEEP_NAME="$name" \
+      SWEEP_OVERRIDES="$overrides" bash scripts/validation_paired.sh
+  "$PY" -m analysis.learn "$run" "$OUT/$H/$d/$name" | tee "$run/learning.md"
 done

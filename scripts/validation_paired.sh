@@ -9,7 +9,8 @@
 # Every step resumes: a profile or finished sweep samples are kept. Run it on a quiet machine (about 30
 # minutes per hierarchy and dataset for SmolLM2 on a 2-core CPU).
 # Usage: HIERARCHIES="smollm2_suffix_fp32" DATASETS="humaneval news_lee_cnndm" bash scripts/validation_paired.sh
-# (SWEEP_CONFIGURATIONS='configurations=[...]' replaces conf/sweep.yaml's list)
+# (SWEEP_CONFIGURATIONS='configurations=[...]' replaces conf/sweep.yaml's list; SWEEP_NAME=sweep_T4 with
+# SWEEP_OVERRIDES=+models.stages.0.tree_nodes=4 makes another sweep beside it, validated into validation_T4.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
@@ -20,6 +21,7 @@ DATASETS=${DATASETS:-"humaneval news_lee_cnndm"}
 SAMPLES=${SAMPLES:-8}
 REPETITIONS=${REPETITIONS:-3}
 TOKENS=${TOKENS:-96}
+SWEEP_NAME=${SWEEP_NAME:-sweep}
 load() { echo "[validation_paired] $(date -u +%FT%TZ) $1 load: $(cut -d' ' -f1-3 /proc/loadavg)"; }
 for h in $HIERARCHIES; do
   for d in $DATASETS; do
@@ -28,13 +30,14 @@ for h in $HIERARCHIES; do
     load "$h $d"
     [ -f "$dir/profile/profile.json" ] || "$PY" -m experiments.profile models="$h" dataset="$d" \
         dataset.n_samples=10 profile.continuation="$TOKENS" hydra.run.dir="$dir/profile"
+    sweep="$dir/$SWEEP_NAME" validation="$dir/validation${SWEEP_NAME#sweep}"
     resume=false
-    [ -d "$dir/sweep/greedy" ] && resume=true
+    [ -d "$sweep/greedy" ] && resume=true
     "$PY" -m experiments.sweep models="$h" dataset="$d" samples="$SAMPLES" prompt_offset=20 \
         repetitions="$REPETITIONS" max_new_tokens="$TOKENS" profile="$dir/profile/profile.json" resume="$resume" \
-        progress=false hydra.run.dir="$dir/sweep" ${SWEEP_CONFIGURATIONS:+"$SWEEP_CONFIGURATIONS"}
-    "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/sweep" > "$dir/validation.txt"
-    "$PY" -m analysis.validate "$dir/profile/profile.json" "$dir/sweep" --json > "$dir/validation.json"
+        progress=false hydra.run.dir="$sweep" ${SWEEP_CONFIGURATIONS:+"$SWEEP_CONFIGURATIONS"} ${SWEEP_OVERRIDES:-}
+    "$PY" -m analysis.validate "$dir/profile/profile.json" "$sweep" > "$validation.txt"
+    "$PY" -m analysis.validate "$dir/profile/profile.json" "$sweep" --json > "$validation.json"
     load "$h $d done"
   done
 done

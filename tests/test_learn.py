@@ -1,15 +1,16 @@
 """Learning while a run goes (analysis.learn): a run's traces revise the profile's acceptance and costs, and the
-next configuration is the best predicted one only when it beats the current one by the margin."""
+next configuration is the best predicted one only when its gain over the current one is beyond its interval."""
 
 import pytest
 
-from analysis import learn
+from analysis import learn, predict
 from analysis.profile import FORMAT, VERSION, parse_profile
 
 
-def profile(rate: float, drafter_s: float = 0.004, target_s: float = 0.02) -> object:
-    """A two-stage profile: a model drafter whose drafts the target keeps at `rate` at every position."""
-    runs = [[2, 1, 0, 3, 2, 1, 0, 0, 1, 0] * 3 for _ in range(2)]
+def profile(rate: float, drafter_s: float = 0.004, target_s: float = 0.02, runs=None) -> object:
+    """A two-stage profile: a model drafter whose drafts the target keeps at `rate` at every position (along
+    two continuations of the same `runs` unless given)."""
+    runs = runs or [[2, 1, 0, 3, 2, 1, 0, 0, 1, 0] * 3 for _ in range(2)]
     stage = lambda name, t1: {"name": name, "kind": "hf", "step_s_alone": [t1 * (1 + 0.05 * n) for n in range(8)],  # noqa: E731
                               "step_s_loaded": [t1 * (1.1 + 0.05 * n) for n in range(8)], "prefill_s_per_token": 0.001}
     pair = {"drafter": "d", "verifier": "t", "acceptance_by_position": [rate] * 6, "proposal_rate": 1.0,
@@ -42,6 +43,7 @@ def test_verifications_count_offered_and_kept_drafts_by_position():
     observed.add(base, [0, 1], [drafter_steps(5, 0.004), verifier_steps([(4, 2), (4, 4), (3, 0)])])
     assert observed.offered[(0, 1)] == [3, 2, 2, 1]  # (4, 2): positions 0-2; (4, 4): 0-3; (3, 0): 0
     assert observed.accepted[(0, 1)] == [2, 2, 1, 1]
+    assert observed.per_call == [{(0, 1): ([3, 2, 2, 1], [2, 2, 1, 1])}]
     assert observed.calls == 1 and observed.speed(0) == pytest.approx(0.004 / base.stages[0].step_s_alone[0])
 
 
@@ -59,15 +61,54 @@ def test_a_run_that_keeps_more_drafts_than_the_profile_raises_its_rates_and_cost
     assert learn.learned_profile(base, few).pairs[0] == base.pairs[0]  # too few drafts to count
 
 
-def test_the_next_configuration_switches_only_beyond_the_margin():
+GREEDY = {"strategy": "greedy", "lookahead": 0, "max_lead": 8, "stages": [1]}
+
+
+def test_the_next_configuration_switches_only_beyond_the_interval():
     low, high = profile(0.05, drafter_s=0.015), profile(0.95, drafter_s=0.001)
-    greedy = {"strategy": "greedy", "lookahead": 0, "max_lead": 8, "stages": [1]}
-    stay = learn.next_configuration(low, greedy, tokens=64)
-    assert stay.configuration["strategy"] == "greedy" and not stay.switched
-    move = learn.next_configuration(high, greedy, tokens=64)
-    assert move.switched and move.configuration["strategy"] != "greedy"
-    assert move.predicted_tokens_per_s > move.current_tokens_per_s * (1 + learn.MARGIN) and move.reason
-    again = learn.next_configuration(high, move.configuration, tokens=64)
+    nothing = learn.Observed()
+    stay = learn.next_configuration(low, nothing, GREEDY, tokens=64)
+    assert stay.configuration["strategy"] == "greedy" and not stay.switched and stay.gain is None
+    move = learn.next_configuration(high, nothing, GREEDY, tokens=64)
+    assert move.switched and move.configuration["strategy"] != "greedy" and move.reason
+    assert move.gain_interval[0] > 1.0 and move.predicted_tokens_per_s == pytest.approx(move.current_tokens_per_s * move.gain)
+    again = learn.next_configuration(high, nothing, move.configuration, tokens=64)
     assert not again.switched and again.configuration == move.configuration
-    only_greedy = learn.next_configuration(high, greedy, tokens=64, allowed=lambda c: c["strategy"] == "greedy")
+    only_greedy = learn.next_configuration(high, nothing, GREEDY, tokens=64, allowed=lambda c: c["strategy"] == "greedy")
     assert not only_greedy.switched
+
+
+def test_a_gain_within_its_interval_stays_and_the_run_s_calls_narrow_the_interval():
+    """Two prompts whose continuations differ (one the drafter gets right, one it gets wrong): the second-best
+    configuration's gap to the best is within the interval drawn from them, and calls that keep drafts at
+    the pooled rate narrow it."""
+    spread = profile(0.5, runs=[[4, 3, 2, 1, 0] * 6, [0, 0, 1, 0, 0] * 6])
+    ranked, _ = predict.sweep(spread, 64)
+    second = learn.configuration_of(ranked[1])
+    nothing = learn.Observed()
+    stay = learn.next_configuration(spread, nothing, second, tokens=64)
+    assert stay.gain > 1.0 and stay.gain_interval[0] <= 1.0 <= stay.gain_interval[1] and not stay.switched
+    assert "not beyond it" in stay.reason
+    assert stay == learn.next_configuration(spread, nothing, second, tokens=64)  # seeded: reproducible
+    many = learn.Observed()
+    for _ in range(12):
+        many.add(spread, [0, 1], [drafter_steps(30, 0.004), verifier_steps([(4, 1), (4, 0), (2, 2)] * 4)])
+    narrower = learn.gain_interval(spread, many, learn.configuration_of(ranked[0]), second, 64, 1.0)
+    assert narrower[1] - narrower[0] < (stay.gain_interval[1] - stay.gain_interval[0]) / stay.gain
+
+
+def test_the_model_error_of_a_gain_is_that_of_the_committed_validations():
+    """`MODEL_GAIN_ERROR` is the root mean square of log(predicted gain / measured gain) over every pair of
+    configurations of each committed paired validation (a new validation changes it: update the constant)."""
+    import itertools
+    import json
+    import math
+    from pathlib import Path
+
+    errors = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "results" / "validation_paired").glob("*/*/validation.json")):
+        records = [r for r in json.loads(path.read_text())["records"] if r["configuration"] != "greedy"]
+        logs = [math.log(r["predicted_speedup"] / r["measured_speedup"]) for r in records]
+        errors += [a - b for a, b in itertools.combinations(logs, 2)]
+    assert len(errors) >= 100
+    assert math.sqrt(sum(e * e for e in errors) / len(errors)) == pytest.approx(learn.MODEL_GAIN_ERROR, abs=5e-4)

@@ -131,7 +131,7 @@ def test_a_learning_runs_calls_against_the_sweep(swept, tmp_path, capsys):
     run = tmp_path / "learn"
     run.mkdir()
     lines = [{"sample_id": prompt, "index": i, "output_ids": greedy[prompt] if i == 0 else [1, 2, 3], "output_text": "",
-              "new_tokens": 3, "time_s": 0.1, "stages": [], "auto": {"ran": ran[i], "switched": i == 0}}
+              "new_tokens": 3, "time_s": 0.1, "stages": [], "auto": {"ran": ran[i], "switched": i == 0, **([{"gain": 1.05, "gain_interval": [1.01, 1.09]}, {}][i])}}
              for i, prompt in enumerate(prompts)]  # fmt: skip
     (run / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     speedups = {s.configuration: s.speedup for s in paired_speedups(sweep_samples(out))}
@@ -143,6 +143,7 @@ def test_a_learning_runs_calls_against_the_sweep(swept, tmp_path, capsys):
     assert rows[1]["of_best"] == pytest.approx(speedups["pipespec_L0_M4"] / speedups[best])
     assert main([str(run), str(out)]) == 0
     table = capsys.readouterr().out
-    assert "| 1 | sd_L2 |" in table and table.rstrip().endswith("| NO |")
+    assert "| 1 | sd_L2 |" in table and "| yes | 1.050 (1.010-1.090) | yes |" in table
+    assert table.rstrip().endswith("| NO | - | no |")
     (run / "samples.jsonl").write_text("")
     assert main([str(run), str(out)]) == 2 and "not a learning auto run" in capsys.readouterr().err
