@@ -9,12 +9,12 @@ graph constants, and with an error, not a silent eager fallback, where dynamo wo
 `warm_up` compiles every graph the stage loop will run before the first timed call (`sweep`: first calls
 on an empty cache, 1..`WARM_FED` tokens fed after a crop, steps that extend the cache, a seeded walk of
 partial acceptances, token trees where the stage's drafter proposes them, a request's first step among
-them), until a sweep compiles no new graph; each request's trace then counts the graphs the stage compiled
-during it (`StageTrace.compiled_graphs`: 0 once warmed up). `CausalLMRunner` makes each first call's K/V contiguous for a compiled model, so the guards see a
-contiguous cache or a crop of one. The warm-up's seconds are the stage's warm-up,
-reported apart from any call (`Pipeline.warm_up_s`). Inductor's C++ kernels are cached on disk
-(`artefact_cache`, under `pipespec.cache.cache_root() / "inductor"` unless TORCHINDUCTOR_CACHE_DIR is
-set), but not its graphs: torch 2.13's FX graph cache bypasses a graph holding mkldnn tensors ("mkldnn
+them), until a sweep compiles no new graph; each request's trace then counts the graphs the stage
+compiled during it (`StageTrace.compiled_graphs`: 0 once warmed up). `CausalLMRunner` makes each first
+call's K/V contiguous for a compiled model, so the guards see a contiguous cache or a crop of one. The
+warm-up's seconds are the stage's warm-up, reported apart from any call (`Pipeline.warm_up_s`).
+Inductor's C++ kernels are cached on disk (`artefact_cache`, under `pipespec.cache.cache_root() /
+"inductor"` unless TORCHINDUCTOR_CACHE_DIR is set), but not its graphs: torch 2.13's FX graph cache bypasses a graph holding mkldnn tensors ("mkldnn
 tensors unpickleable"), and the prepacked weights are such tensors, so a second start lowers every graph
 again. Without prepacking the graphs are cached, but the compiled step then runs torch's few-row fp32
 products (1.4-2.6x the prepacked eager step on SmolLM2, AVX-512) and a second start still traces every

@@ -7,4 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+unset PYTHONDONTWRITEBYTECODE  # a module first imported by a test (or its stage processes) is compiled once
 exec .venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -78,7 +78,7 @@ def test_a_trace_counts_the_graphs_dynamo_compiles():
 
 
 @pytest.mark.slow  # compiles in the stage process: a minute or two on a 2-core machine
-def test_a_warmed_compiled_verifier_compiles_nothing_more_and_is_identical_to_greedy(tiny, reference, inductor_cache):
+def test_a_compiled_verifier_is_identical_to_greedy_in_sd_and_pipespec(tiny, reference, inductor_cache):
     """A compiled target behind a drafter of token trees: warmed (trees too) before it reports ready, its
     warm-up on record; then no call of sd or pipespec compiles a graph (verifications of several lengths after
     rollbacks, token trees: each trace's `compiled_graphs` is 0), every output is greedy decoding's, and the
