@@ -41,15 +41,20 @@ def test_compile_without_a_compiler_is_one_error_before_any_stage_starts(tiny, t
 
 @pytest.fixture(scope="module")
 def inductor_cache(tmp_path_factory):
-    """Compiled artefacts of this module in a fresh cache (the stage processes inherit it)."""
+    """Compiled artefacts of this module in a fresh cache. Stage processes are forked from a fork server
+    and have its environment: the server an earlier test started is ended, so the next one starts with it."""
+    from pipespec.api import stop_stage_server
+
     path = tmp_path_factory.mktemp("inductor")
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    stop_stage_server()
     yield path
     if previous is None:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     else:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+    stop_stage_server()
 
 
 @pytest.fixture(scope="module")
