@@ -6,11 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 PYTHON=${PYTHON:-python3}
-# the third-party modules a stage, a Hydra job, an analysis or a test imports (their bytecode is written at install)
-WARM_IMPORTS='
+# the third-party modules a stage, a Hydra job, an analysis or a test imports (their bytecode is written at
+# install), in two groups imported side by side
+WARM_MODELS='
 import torch, torch._inductor.compile_fx, torch.distributed
 import transformers, transformers.models.llama.modeling_llama, transformers.models.auto.modeling_auto
 import transformers.models.auto.tokenization_auto, transformers.generation.utils
+'
+WARM_TOOLS='
 import hydra, hydra._internal.utils, hydra.core.plugins, omegaconf
 import numpy, scipy.stats, scipy.optimize, matplotlib.pyplot, psutil, tqdm
 import datasets, evaluate, submitit, pytest, xdist
@@ -50,7 +53,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # (importing a Llama model: 10.3 s, 4.4 s with bytecode, on a 2-core EPYC), in every stage, job and test
   # process. Importing those modules once with bytecode writing on compiles just them (compileall over all of
   # site-packages, transformers' hundreds of other models included, took 34 s).
-  env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "$WARM_IMPORTS"
+  env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "$WARM_MODELS" & models=$!
+  env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "$WARM_TOOLS"
+  wait "$models"
   echo "$want" > "$stamp"
 fi
 .venv/bin/python -m experiments.prepare >/dev/null
