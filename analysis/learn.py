@@ -278,13 +278,25 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 # ---- a learning run against a paired sweep ------------------------------------------------------------------
 
 
+def sweep_configuration(ran: Mapping[str, Any], stage_count: int) -> dict[str, Any]:
+    """A learning call's configuration (its decision's `ran`) as an entry of a sweep of its hierarchy of
+    `stage_count` stages (`experiments.sweep`): strategy, lookahead, max_lead, and `stages` where it ran on
+    some of them. (Token trees are the first stage's own: a sweep of them sets the stage option.)"""
+    entry = {key: ran[key] for key in ("strategy", "lookahead", "max_lead") if key in ran}
+    stages = list(ran.get("stages") or range(stage_count))
+    if ran["strategy"] != "greedy" and stages != list(range(stage_count)):
+        entry["stages"] = stages
+    return entry
+
+
 def learning_table(run_dir, sweep_dir) -> list[dict[str, Any]]:
     """Per call of a learning auto run (its sample records' `auto` decisions, the warm-up excluded): the
     configuration it ran, its measured paired speedup in the sweep of the same hierarchy and prompts, and
     that over the sweep's best configuration (None where the sweep did not run it), and whether its output
-    equals the sweep's greedy output of that prompt (None where the sweep has none)."""
+    equals the sweep's greedy output of that prompt (None where the sweep has none). A call on some of the
+    stages (auto skipping one) is measured where the sweep ran that configuration on the same stages."""
     from analysis.paired import REFERENCE, configuration_name, paired_speedups, sweep_samples
-    from analysis.rundir import ResultsError, read_records
+    from analysis.rundir import ResultsError, read_config, read_records
 
     records, _ = read_records(run_dir)
     if not records or any("auto" not in r for r in records):
@@ -294,10 +306,11 @@ def learning_table(run_dir, sweep_dir) -> list[dict[str, Any]]:
     greedy = {}
     for record in read_records(Path(sweep_dir) / REFERENCE)[0]:
         greedy.setdefault(record["slot"]["prompt"], record["output_ids"])
+    stage_count = len(read_config(Path(sweep_dir) / REFERENCE)["models"]["stages"])
     rows = []
     for record in records:
         ran = record["auto"]["ran"]
-        name = configuration_name(ran)
+        name = configuration_name({**sweep_configuration(ran, stage_count), "tree_nodes": ran.get("tree_nodes", 0)})
         measured = speedups.get(name)
         reference = greedy.get(record["sample_id"])
         rows.append({"sample": record["sample_id"], "configuration": name, "stages": ran.get("stages"),

@@ -179,8 +179,9 @@ def profile_step_cost(step_s: Sequence[float], n: int) -> float:
 
 
 def configuration_name(options: Mapping[str, Any]) -> str:
-    """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade, _v0.1 (value_stop) and _T4 (the
-    first stage's token trees of 4 nodes, `tree_nodes`) suffixes."""
+    """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade, _v0.1 (value_stop), _T4 (the
+    first stage's token trees of 4 nodes, `tree_nodes`) and _S0-2 (`stages`: some of the hierarchy's stages,
+    by position) suffixes."""
     from pipespec.schedule import DEFAULT_MAX_LEAD
 
     strategy = options.get("strategy", "pipespec")
@@ -192,7 +193,8 @@ def configuration_name(options: Mapping[str, Any]) -> str:
     extras = [(options.get("draft_confidence"), f"_c{options.get('draft_confidence')}"),
               (options.get("size_verification"), "_sized"), (options.get("cascade"), "_cascade"),
               (options.get("value_stop"), f"_v{options.get('value_stop')}"),
-              (options.get("tree_nodes"), f"_T{options.get('tree_nodes')}")]  # fmt: skip
+              (options.get("tree_nodes"), f"_T{options.get('tree_nodes')}"),
+              (options.get("stages"), "_S" + "-".join(map(str, options.get("stages") or ())))]  # fmt: skip
     return name + "".join(suffix for value, suffix in extras if value)
 
 

@@ -631,17 +631,19 @@ def load_sweep(path: str | Path) -> SweepRuns:
 
 
 def check_hierarchy(profile: Profile, sweep: SweepRuns) -> None:
-    """A `ConfigError` unless every configuration ran the profile's hierarchy on its stages."""
+    """A `ConfigError` unless every configuration ran the profile's hierarchy on its stages (greedy: the target;
+    a configuration with `stages`: some of them, ending with the target)."""
     names = [s.name for s in profile.stages]
     for name, run in sweep.runs.items():
         if run.hierarchy != profile.hierarchy:
             raise ConfigError(f"{sweep.path / name} ran hierarchy {run.hierarchy!r}, the profile {profile.path} is of "
                               f"{profile.hierarchy!r}: validate a sweep with a profile of its own hierarchy")  # fmt: skip
         used = [_stage_name(n) for n in run.stage_names]
-        expected = names[-1:] if run.strategy == REFERENCE else names
-        if used != expected:
-            raise ConfigError(f"{sweep.path / name} ran the stages {used}, not the profile's {expected}: validate a "
-                              "sweep with a profile of its own hierarchy")  # fmt: skip
+        positions = [names.index(n) for n in used if n in names]  # a configuration may run some of them (`stages`)
+        if run.strategy == REFERENCE and used != names[-1:] or len(positions) != len(used) or not used or \
+                positions != sorted(set(positions)) or positions[-1] != len(names) - 1:  # fmt: skip
+            raise ConfigError(f"{sweep.path / name} ran the stages {used}, not the profile's {names} (or some of them "
+                              "ending with its target): validate a sweep with a profile of its own hierarchy")  # fmt: skip
 
 
 def sweep_overlap(profile: Profile, sweep: SweepRuns) -> tuple[str, ...]:

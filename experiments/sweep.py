@@ -39,7 +39,7 @@ from analysis.paired import REFERENCE, configuration_name  # noqa: E402
 from pipespec.errors import ConfigError  # noqa: E402
 
 CONFIGURATION_KEYS = ("strategy", "lookahead", "max_lead", "draft_confidence", "size_verification", "cascade",
-                      "value_stop")  # fmt: skip
+                      "value_stop", "stages")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,10 @@ class Configuration:
 def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Sequence[str],
                          tree_nodes: int = 0) -> list[Configuration]:  # fmt: skip
     """The sweep's configurations, greedy first: each a mapping of `CONFIGURATION_KEYS` (and `name`) that can
-    run on these stages; a `ConfigError` naming the bad one before anything starts. `tree_nodes`: the first
-    stage's token trees (> 0: every configuration runs them, and its default name says so)."""
+    run on these stages; a `ConfigError` naming the bad one before anything starts. `stages` runs a
+    configuration on some of the started stages (positions ending with the target, as `generate(stages=)`;
+    its name says so, e.g. pipespec_L0_M8_S0-2). `tree_nodes`: the first stage's token trees (> 0: every
+    configuration runs them, and its default name says so)."""
     from pipespec.options import CallOptions
 
     if not isinstance(raw, (list, tuple)) or not raw:
@@ -69,9 +71,15 @@ def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Seq
             raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {list(CONFIGURATION_KEYS)} and name")
         options = {key: entry[key] for key in CONFIGURATION_KEYS if key in entry}
         try:
-            CallOptions(**options).plan(stage_kinds, stage_labels)
+            call = CallOptions(**options)
+            call.plan(stage_kinds, stage_labels)
         except ConfigError as error:
             raise ConfigError(f"{where} cannot run on {' > '.join(stage_labels)}: {error}") from None
+        if "stages" in options:  # the positions checked; every stage is the configuration without the key
+            chosen = call.chosen_stages(stage_kinds, stage_labels)
+            options = {k: v for k, v in options.items() if k != "stages"}
+            if len(chosen) < len(stage_kinds) and options.get("strategy") != "greedy":
+                options["stages"] = chosen
         name = str(entry.get("name") or configuration_name({**options, "tree_nodes": tree_nodes}))
         if any(name == c.name for c in found):
             if name == REFERENCE:

@@ -8,7 +8,8 @@
 #  3. the dataset's paired sweep (scripts/validation_paired.sh), with every configuration the learning run
 #     ran added to the sweep's list, so each one's paired speedup is measured beside the best fixed one,
 #     interleaved with them (a sweep started before with a shorter list refuses to resume with a longer one:
-#     remove it and run this again); where the run's first stage proposed token trees of T nodes (auto chose
+#     remove it and run this again; a configuration the run ran on some of the stages is swept on the same
+#     stages, `stages` in its entry); where the run's first stage proposed token trees of T nodes (auto chose
 #     them: the size is the stage's own, fixed when it started), a sweep whose first stage proposes the same
 #     trees, sweep_TT, every configuration of it with trees;
 #  4. python -m analysis.learn RUN SWEEP: per call, the configuration and its paired speedup / the best's.
@@ -45,14 +46,16 @@ PY
   read -r trees all < <("$PY" - "$run" <<'PY'
 import json, sys
 from pathlib import Path
+from analysis.learn import sweep_configuration
 from analysis.paired import configuration_name
-from analysis.rundir import read_summary
+from analysis.rundir import read_config, read_summary
 from experiments.conf import compose
 trees = read_summary(Path(sys.argv[1]))["auto"]["chosen"].get("tree_nodes", 0)
+count = len(read_config(Path(sys.argv[1]))["models"]["stages"])
 entries = [dict(c) for c in compose("sweep")["configurations"]]
 names = {configuration_name(c) for c in entries}
 for line in (Path(sys.argv[1]) / "samples.jsonl").read_text().splitlines():
-    ran = {k: json.loads(line)["auto"]["ran"][k] for k in ("strategy", "lookahead", "max_lead")}
+    ran = sweep_configuration(json.loads(line)["auto"]["ran"], count)
     if ran["strategy"] != "greedy" and configuration_name(ran) not in names:
         names.add(configuration_name(ran))
         entries.append(ran)

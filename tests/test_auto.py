@@ -72,11 +72,20 @@ def test_runner_auto_measures_caches_and_records_the_choice(auto_run, profile_pa
     assert len(summary["stage_names"]) == len(best.stage_indices)
 
 
-def test_runner_auto_reuses_a_profile_and_refuses_one_from_elsewhere(cache, profile_path, tmp_path):
+def _refused(entry_point, monkeypatch, cache, out, *overrides):
+    """`_run`'s command for a configuration refused before any stage starts, in this process (conftest.py)."""
+    monkeypatch.setenv("PIPESPEC_CACHE", str(cache))
+    return entry_point("experiments.run", "models=tiny_k2", "dataset=humaneval", "dataset.n_samples=2",
+                       "max_new_tokens=8", "run.progress=false", f"hydra.run.dir={out}", *overrides)  # fmt: skip
+
+
+def test_runner_auto_reuses_a_profile_and_refuses_one_from_elsewhere(cache, profile_path, tmp_path, entry_point,
+                                                                     monkeypatch):  # fmt: skip
     again = _run(cache, tmp_path / "again", "strategy=auto", f"strategy.profile={profile_path}")
     assert again.returncode == 0, again.stderr[-2000:]
     assert "measuring a short one" not in again.stdout + again.stderr
-    wrong = _run(cache, tmp_path / "k3", "models=tiny_k3", "strategy=auto", f"strategy.profile={profile_path}")
+    wrong = _refused(entry_point, monkeypatch, cache, tmp_path / "k3", "models=tiny_k3", "strategy=auto",
+                     f"strategy.profile={profile_path}")  # fmt: skip
     lines = wrong.stderr.strip().splitlines()
     assert wrong.returncode == 2 and lines[-1].startswith("error: strategy auto") and "hierarchy:" in lines[-1]
     assert not (tmp_path / "k3" / "samples.jsonl").exists()
@@ -178,7 +187,7 @@ def test_pipeline_auto_resolves_before_starting_and_matches_greedy(profile_path)
         Pipeline(specs, strategy="sd", profile=str(profile_path))
 
 
-def test_bench_runs_auto_beside_the_fixed_configurations(profile_path, cache, tmp_path):
+def test_bench_runs_auto_beside_the_fixed_configurations(profile_path, cache, tmp_path, entry_point, monkeypatch):
     """`auto` in the bench: the pipeline at the profile's choice, timed with the others, its choice recorded,
     and the two targets (auto / best fixed, auto / greedy) checked."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PIPESPEC_CACHE": str(cache)}
@@ -202,8 +211,8 @@ def test_bench_runs_auto_beside_the_fixed_configurations(profile_path, cache, tm
         rows["auto"]["tokens_per_s_median"] / rows[best]["tokens_per_s_median"])
     assert best in targets["auto_vs_best_fixed"]["label"] and "auto_vs_greedy" in targets
     assert "auto: " in (tmp_path / "bench.md").read_text()
-    bad = subprocess.run(command[:-1] + ["auto.hierarchy=k9", f"hydra.run.dir={tmp_path}/bad"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    monkeypatch.setenv("PIPESPEC_CACHE", str(cache))  # refused before anything runs: in this process (conftest.py)
+    bad = entry_point("experiments.bench", *command[3:-1], "auto.hierarchy=k9", f"hydra.run.dir={tmp_path}/bad")
     assert bad.returncode == 2 and "auto.hierarchy must be k2 or k3" in bad.stderr.strip().splitlines()[-1]
 
 
@@ -234,7 +243,8 @@ def test_auto_that_learns_runs_a_decided_configuration_every_call_identical_to_g
     assert pipe.observed.calls == 4 and pipe.observed.speed(len(specs) - 1) > 0
 
 
-def test_the_runner_records_each_samples_learned_configuration(cache, profile_path, tmp_path):
+def test_the_runner_records_each_samples_learned_configuration(cache, profile_path, tmp_path, entry_point,
+                                                              monkeypatch):  # fmt: skip
     done = _run(cache, tmp_path / "learn", "strategy=auto", f"strategy.profile={profile_path}", "strategy.learn=true")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((tmp_path / "learn" / "summary.json").read_text())
@@ -242,5 +252,5 @@ def test_the_runner_records_each_samples_learned_configuration(cache, profile_pa
     assert len(summary["auto"]["calls"]) == 1 + len(records)  # the warm-up call too
     assert [r["auto"] for r in records] == summary["auto"]["calls"][1:]
     assert summary["identical_to_greedy"] is None or summary["identical_to_greedy"].endswith("/2")
-    wrong = _run(cache, tmp_path / "wrong", "strategy=sd", "+strategy.learn=true")
+    wrong = _refused(entry_point, monkeypatch, cache, tmp_path / "wrong", "strategy=sd", "+strategy.learn=true")
     assert wrong.returncode == 2 and "strategy.learn is for strategy auto" in wrong.stderr.strip().splitlines()[-1]

@@ -240,7 +240,7 @@ def test_version_1_profile_is_refused_with_the_reason(tiny_profile):
         pf.parse_profile({**raw, "version": 1})
 
 
-def test_costs_from_reuses_the_costs_and_measures_acceptance(tiny_profile, tmp_path):
+def test_costs_from_reuses_the_costs_and_measures_acceptance(tiny_profile, tmp_path, entry_point):
     raw = json.loads(tiny_profile.read_text())
     command = [sys.executable, "-m", "experiments.profile", "models=tiny_k2", "dataset.ids=[HumanEval/5]",
                "profile.continuation=8", f"costs_from={tiny_profile}"]  # fmt: skip
@@ -257,9 +257,8 @@ def test_costs_from_reuses_the_costs_and_measures_acceptance(tiny_profile, tmp_p
     raw["machine"]["cpu"]["name"] = "Some Other CPU"
     other = tmp_path / "other.json"
     other.write_text(json.dumps(raw))
-    command[-1] = f"costs_from={other}"
-    done = subprocess.run([*command, f"hydra.run.dir={tmp_path / 'b'}"], env=ENV, capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+    command[-1] = f"costs_from={other}"  # refused before anything is measured: in this process (conftest.py)
+    done = entry_point("experiments.profile", *command[3:], f"hydra.run.dir={tmp_path / 'b'}", function="main")
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: costs_from")
     assert "another cpu" in done.stderr and not (tmp_path / "b" / "profile.json").exists()
 

@@ -62,7 +62,7 @@ def test_every_configuration_runs_every_slot_identical_to_greedy_with_paired_fig
 
 
 @pytest.mark.slow
-def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tmp_path):
+def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tmp_path, entry_point):
     import shutil
 
     out, _ = swept
@@ -71,7 +71,7 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     lines = (copy / "sd_L2" / "samples.jsonl").read_text().splitlines(keepends=True)
     (copy / "sd_L2" / "samples.jsonl").write_text("".join(lines[:2]) + lines[2][:25])  # killed while writing
     kept = {json.loads(line)["sample_id"]: json.loads(line)["time_s"] for line in lines[:2]}
-    refused = sweep(copy, CONFIGS)
+    refused = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={copy}", CONFIGS, function="main")
     assert refused.returncode == 2 and "resume=true" in refused.stderr.strip().splitlines()[-1]
     done = sweep(copy, CONFIGS, "resume=true")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -108,6 +108,7 @@ def test_a_started_sweep_resumes_only_with_the_configurations_it_started_with(sw
     ("configurations=[{models: tiny_k3, strategy: sd}]", "configurations[0]: unknown key(s) ['models']"),
     ("configurations=[{strategy: sd, lookahead: 2}, {strategy: sd, lookahead: 2}]", "is taken by another"),
     ("repetitions=0", "repetitions must be an integer >= 1"),
+    ("configurations=[{strategy: sd, stages: [0]}]", "configurations[0] cannot run on"),  # not ending with the target
 ])  # fmt: skip
 def test_a_bad_sweep_is_one_error_line_before_anything_starts(override, message, tmp_path, entry_point):
     done = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={tmp_path / 'bad'}", override, function="main")
@@ -145,5 +146,31 @@ def test_a_learning_runs_calls_against_the_sweep(swept, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| 1 | sd_L2 |" in table and "| yes | 1.050 (1.010-1.090) | yes |" in table
     assert table.rstrip().endswith("| NO | - | no |")
+    ran[0]["stages"], ran[1]["stages"] = [0, 1], [1]  # the second call skipped a stage: the sweep never ran that
+    (run / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    skipped = learning_table(run, out)
+    assert skipped[0]["paired_speedup"] == pytest.approx(speedups["sd_L2"]) and skipped[1]["paired_speedup"] is None
     (run / "samples.jsonl").write_text("")
     assert main([str(run), str(out)]) == 2 and "not a learning auto run" in capsys.readouterr().err
+
+
+def test_a_configuration_on_some_of_the_stages_runs_on_those_alone(tmp_path):
+    """`stages` in an entry: the configuration runs on those stages of the started pipeline (a k = 3 hierarchy
+    without its middle stage here), named so, beside the same configuration on every stage; every stage listed
+    is the configuration without the key. In this process: a pipeline start, no new interpreter."""
+    from experiments.conf import compose
+    from experiments.sweep import run_sweep
+
+    configurations = ("configurations=[{strategy: pipespec, lookahead: 1, max_lead: 4}, {strategy: pipespec, lookahead: 1, "
+                      "max_lead: 4, stages: [0, 2]}, {strategy: sd, lookahead: 2, stages: [0, 1, 2]}]")  # fmt: skip
+    cfg = compose("sweep", ["models=tiny_k3", "dataset=news_lee_cnndm", "samples=1", "prompt_offset=1", "repetitions=1",
+                            "max_new_tokens=12", "warmup_tokens=0", "progress=false", configurations])  # fmt: skip
+    speedups = run_sweep(cfg, tmp_path)
+    assert {s.configuration for s in speedups} == {"greedy", "pipespec_L1_M4", "pipespec_L1_M4_S0-2", "sd_L2"}
+    greedy = read_records(tmp_path / "greedy")[0][0]["output_ids"]
+    for name, used in (("pipespec_L1_M4", 3), ("pipespec_L1_M4_S0-2", 2), ("sd_L2", 3)):
+        summary = read_summary(tmp_path / name)
+        assert summary["identical_to_greedy"] == "1/1" and read_records(tmp_path / name)[0][0]["output_ids"] == greedy
+        assert len(summary["stage_names"]) == used
+    subset = read_summary(tmp_path / "pipespec_L1_M4_S0-2")["stage_names"]
+    assert [n.split(":")[0] for n in subset] == ["0", "2"]

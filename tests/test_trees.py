@@ -385,6 +385,23 @@ def test_a_tree_configuration_is_predicted_from_a_profile_with_tree_runs(tmp_pat
     assert [s.tree_nodes for s in choice.specs(specs)] == [choice.tree_nodes, 0]
 
 
+def test_a_tree_deeper_than_its_drafter_s_chain_is_predicted_with_its_whole_branch():
+    """Prompt lookup's tree merges several earlier matches: along the continuation its branch can go deeper
+    than the one chain the drafter proposes there. The drafter then offers that branch (`tree_proposals`), and
+    the deeper branches are kept: more tokens per verification than the same trees capped at the chain."""
+    assert pr.tree_proposals(((0, 2, 1, 0),), ((1, 1, 3, 0),)) == ((1, 2, 3, 0),)
+    assert pr.tree_proposals((), ((1, 2),)) == ()
+    raw = _tree_profile()
+    pair = raw["pairs"][0]
+    shallow = pr.predict_profile(pf.parse_profile(raw), "sd", 8, tokens=64, tree_nodes=8)
+    chain = pair["proposed"][0]
+    for entry in pair["tree_runs"]:  # one token deeper than the chain wherever the tree holds it
+        entry["runs"] = [[max(r, min(p + 1, n)) for r, p, n in zip(entry["runs"][0], chain, entry["nodes"][0])]]
+    assert any(r > p for r, p in zip(pair["tree_runs"][1]["runs"][0], chain))
+    deeper = pr.predict_profile(pf.parse_profile(raw), "sd", 8, tokens=64, tree_nodes=8)
+    assert deeper.mean_acceptance_length > shallow.mean_acceptance_length
+
+
 def test_profiles_without_tree_runs_stay_readable_and_refuse_tree_predictions():
     profile = pf.parse_profile(_tree_profile(tree_runs=False))
     assert profile.pairs[0].tree_runs == ()

@@ -288,6 +288,28 @@ def test_bad_input_is_one_error_line(tiny_profile, swept, tmp_path, damage, mess
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
 
 
+def test_a_configuration_on_some_of_the_profile_s_stages_is_validated_and_other_stages_are_refused():
+    """A sweep entry with `stages` ran some of the hierarchy's stages, ending with its target: validated (its
+    prediction runs on those stages); stages in another order, not ending with the target or not the profile's are
+    one error, and greedy runs the target alone."""
+    from types import SimpleNamespace as Namespace
+
+    from pipespec.errors import ConfigError
+
+    profile = Namespace(stages=[Namespace(name=n) for n in ("a", "b", "c")], hierarchy="h", path="profile.json")
+
+    def sweep(**runs):
+        return Namespace(path=Path("sweep"), runs={name: Namespace(hierarchy="h", stage_names=used, strategy=(
+            "greedy" if name == "greedy" else "sd")) for name, used in runs.items()})  # fmt: skip
+
+    va.check_hierarchy(profile, sweep(greedy=["2:c"], every=["0:a", "1:b", "2:c"], skip=["0:a", "2:c"], last=["1:b", "2:c"]))
+    for used in (["0:a", "1:b"], ["2:c", "0:a"], ["0:a", "2:x"], []):
+        with pytest.raises(ConfigError, match="own hierarchy"):
+            va.check_hierarchy(profile, sweep(greedy=["2:c"], bad=used))
+    with pytest.raises(ConfigError, match="own hierarchy"):
+        va.check_hierarchy(profile, sweep(greedy=["0:a", "2:c"]))
+
+
 # ---- the statistics on hand-made numbers -----------------------------------------------------------------
 
 
