@@ -75,6 +75,10 @@ class PairProfile:
     # a model-free drafter's proposals: per continuation, per position, how many drafts it proposed there
     # (0: none); empty for a model drafter (it always drafts) and in profiles measured without them
     proposed: tuple[tuple[int, ...], ...] = ()
+    # the continuations the runs were read along: "target" (every pair along the target's greedy continuation,
+    # a middle verifier keeping the drafts its own tokens there agree with) or "verifier" (each verifier's own
+    # greedy continuation: profiles measured before 2026-12-06; the same runs for a pair whose verifier is the target)
+    along: str = "verifier"
 
     @property
     def continuations(self) -> int:
@@ -191,7 +195,14 @@ def _pair(data: Any, i: int) -> PairProfile:
         acceptance_standard_errors(runs, proposed, len(clean)) if runs else (),
         tree_runs=_tree_runs(data, where),
         proposed=tuple(tuple(along) for along in proposed or ()),
+        along=_along(data.get("along", "verifier"), where),
     )  # fmt: skip
+
+
+def _along(value: Any, where: str) -> str:
+    if value not in ("target", "verifier"):
+        raise ProfileError(f"{where}.along must be \"target\" or \"verifier\", got {value!r}")
+    return value
 
 
 # ---- acceptance along the decoding walk ---------------------------------------------------------------

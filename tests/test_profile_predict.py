@@ -207,6 +207,45 @@ def test_acceptance_is_sampled_where_decoding_drafts_again():
     assert stats["mean_proposal_length"] == 4
 
 
+def test_a_middle_verifier_keeps_what_its_own_tokens_in_the_target_s_text_agree_with(tiny_models):
+    """Along the target's continuation a middle verifier keeps a draft where its own argmax, in the target's
+    text so far, is that draft (`kept`), counted up to the first kept token that leaves the target's text
+    (its context differs after it): checked against drafting and verifying token by token with the models,
+    and on hand-made tokens."""
+    from experiments.profiling import along, kept, model_runs, proposal_runs, teacher_forced
+    from pipespec.models import CausalLMRunner, load_model
+    from pipespec.specs import StageSpec
+
+    text = [5, 6, 7, 8]
+    assert along([5, 6, 9, 8], text, 0) == [5, 6, 9] and along([5, 6, 9, 8], text, 3) == [8]
+    assert kept([5, 6, 7], text, None, 0) == 3 and kept([5, 6, 7], text, [5, 6, 9, 8], 0) == 2
+    assert kept([5, 6, 9, 4], text, [5, 6, 9, 8], 0) == 3  # it agrees with a draft the target would not keep
+    assert proposal_runs(lambda sequence, k: [6, 7, 8][:k], [1], text, 3, [5, 6, 9, 8]) == ([0, 1, 0, 0], [3, 3, 2, 1])
+    draft, middle, target = (CausalLMRunner(load_model(StageSpec(model=str(d)))) for d in tiny_models([0.08, 0.03]))
+    prompt = [5, 6, 7, 8]
+    target.start()
+    continuation = []
+    for _ in range(24):
+        continuation.append(int(target.forward(prompt + continuation, []).argmax()))
+    verifier = teacher_forced(middle, prompt, continuation)
+    runs = model_runs(draft, prompt, continuation, verifier)
+    for j in range(len(continuation)):
+        draft.start()
+        middle.start()
+        context, right = prompt + continuation[:j], 0
+        while j + right < len(continuation):
+            drafted = int(draft.forward(context, []).argmax())
+            if int(middle.forward(context, []).argmax()) != drafted:
+                break
+            right += 1
+            if drafted != continuation[j + right - 1]:
+                break
+            context = context + [drafted]
+        assert runs[j] == right, j
+    assert 0 < sum(r > 0 for r in runs) < len(runs)  # the test can tell kept from not
+    assert runs != model_runs(draft, prompt, continuation)  # and the middle verifier keeps other drafts than the target
+
+
 def test_a_model_drafters_runs_are_its_greedy_drafts_along_the_continuation(tiny_models):
     """model_runs (one-token teacher forcing) gives at each position what greedy drafting from there
     gets right: checked against drafting token by token from every position."""
