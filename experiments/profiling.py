@@ -285,7 +285,12 @@ def model_runs(runner, prompt: Sequence[int], continuation: Sequence[int],
     prompt and the continuation's first j tokens (`teacher_forced`), instead of `draft_k` steps per start.
     `verifier`: the verifier's own teacher-forced tokens along the continuation, when another model (the
     target) made it (`kept`)."""
-    own = teacher_forced(runner, prompt, continuation)
+    return runs_along(teacher_forced(runner, prompt, continuation), continuation, verifier)
+
+
+def runs_along(own: Sequence[int], continuation: Sequence[int], verifier: Sequence[int] | None) -> list[int]:
+    """Per position of `continuation`: how many of a model drafter's drafts (its teacher-forced tokens `own`,
+    followed while they follow the continuation) the verifier keeps there (`kept`)."""
     return [kept(along(own, continuation, j), continuation, verifier, j) for j in range(len(continuation))]
 
 
@@ -327,13 +332,6 @@ def measure_trees(drafter, ids: Sequence[Sequence[int]], continuation: Sequence[
         found = [tree_runs(drafter.propose_tree, p, c, draft_k, size, v) for p, c, v in zip(ids, continuation, verifiers)]
         entries.append({"tree_nodes": size, "runs": [r for r, _ in found], "nodes": [n for _, n in found]})
     return entries
-
-
-def _runs(right: Sequence[bool]) -> list[int]:
-    runs = [0] * (len(right) + 1)
-    for j in range(len(right) - 1, -1, -1):
-        runs[j] = runs[j + 1] + 1 if right[j] else 0
-    return runs[:-1]
 
 
 def acceptance_by_position(runs: Sequence[Sequence[int]], proposed: Sequence[Sequence[int]] | None,
@@ -510,7 +508,7 @@ def _pair_runs(drafter, along_target, d: int, ids: Sequence[Sequence[int]], cont
     """One pair's runs, proposals, acceptance by position and (a model-free drafter's) token trees."""
     if drafter is None:  # a model: its drafts follow its own tokens along the continuation
         own = along_target(d)
-        runs = [[kept(along(o, c, j), c, w, j) for j in range(len(c))] for o, c, w in zip(own, continuation, verifier)]
+        runs = [runs_along(o, c, w) for o, c, w in zip(own, continuation, verifier)]
         proposed = None
     else:
         found = [proposal_runs(drafter.propose, p, c, draft_k, w) for p, c, w in zip(ids, continuation, verifier)]
