@@ -282,11 +282,11 @@ def sweep_configuration(ran: Mapping[str, Any], stage_count: int) -> dict[str, A
     """A learning call's configuration (its decision's `ran`) as an entry of a sweep of its hierarchy of
     `stage_count` stages (`experiments.sweep`): strategy, lookahead, max_lead, and `stages` where it ran on
     some of them. (Token trees are the first stage's own: a sweep of them sets the stage option.)"""
+    from analysis.paired import partial_stages
+
     entry = {key: ran[key] for key in ("strategy", "lookahead", "max_lead") if key in ran}
-    stages = list(ran.get("stages") or range(stage_count))
-    if ran["strategy"] != "greedy" and stages != list(range(stage_count)):
-        entry["stages"] = stages
-    return entry
+    stages = partial_stages(ran["strategy"], ran.get("stages"), stage_count)
+    return entry if stages is None else {**entry, "stages": stages}
 
 
 def learning_table(run_dir, sweep_dir) -> list[dict[str, Any]]:

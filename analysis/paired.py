@@ -178,6 +178,14 @@ def profile_step_cost(step_s: Sequence[float], n: int) -> float:
     return float(step_s[-1] + slope * (n - len(step_s)))
 
 
+def partial_stages(strategy: str, stages: Sequence[int] | None, stage_count: int) -> list[int] | None:
+    """A configuration's `stages` as a sweep entry keeps them: the positions where it runs on some of the
+    hierarchy's `stage_count` stages; None where it runs on all of them (or none given) or is greedy (the
+    target alone, whatever it says)."""
+    chosen = list(stages) if stages else list(range(stage_count))
+    return chosen if strategy != "greedy" and chosen != list(range(stage_count)) else None
+
+
 def configuration_name(options: Mapping[str, Any]) -> str:
     """sd_L4, pipespec_L0_M8, with _c0.4 (draft_confidence), _sized, _cascade, _v0.1 (value_stop), _T4 (the
     first stage's token trees of 4 nodes, `tree_nodes`) and _S0-2 (`stages`: some of the hierarchy's stages,

@@ -638,10 +638,11 @@ def check_hierarchy(profile: Profile, sweep: SweepRuns) -> None:
         if run.hierarchy != profile.hierarchy:
             raise ConfigError(f"{sweep.path / name} ran hierarchy {run.hierarchy!r}, the profile {profile.path} is of "
                               f"{profile.hierarchy!r}: validate a sweep with a profile of its own hierarchy")  # fmt: skip
-        used = [_stage_name(n) for n in run.stage_names]
-        positions = [names.index(n) for n in used if n in names]  # a configuration may run some of them (`stages`)
-        if run.strategy == REFERENCE and used != names[-1:] or len(positions) != len(used) or not used or \
-                positions != sorted(set(positions)) or positions[-1] != len(names) - 1:  # fmt: skip
+        positions = run_stages(profile, run)  # a configuration may run some of them (`stages`)
+        last = len(names) - 1
+        if not positions or list(positions) != sorted(set(positions)) or positions[-1] != last or (
+                run.strategy == REFERENCE and positions != (last,)):  # fmt: skip
+            used = [_stage_name(n) for n in run.stage_names]
             raise ConfigError(f"{sweep.path / name} ran the stages {used}, not the profile's {names} (or some of them "
                               "ending with its target): validate a sweep with a profile of its own hierarchy")  # fmt: skip
 

@@ -35,7 +35,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from experiments.conf import CONFIG_PATH  # noqa: E402
-from analysis.paired import REFERENCE, configuration_name  # noqa: E402
+from analysis.paired import REFERENCE, configuration_name, partial_stages  # noqa: E402
 from pipespec.errors import ConfigError  # noqa: E402
 
 CONFIGURATION_KEYS = ("strategy", "lookahead", "max_lead", "draft_confidence", "size_verification", "cascade",
@@ -76,10 +76,8 @@ def check_configurations(raw: Any, stage_kinds: Sequence[str], stage_labels: Seq
         except ConfigError as error:
             raise ConfigError(f"{where} cannot run on {' > '.join(stage_labels)}: {error}") from None
         if "stages" in options:  # the positions checked; every stage is the configuration without the key
-            chosen = call.chosen_stages(stage_kinds, stage_labels)
-            options = {k: v for k, v in options.items() if k != "stages"}
-            if len(chosen) < len(stage_kinds) and options.get("strategy") != "greedy":
-                options["stages"] = chosen
+            stages = partial_stages(call.strategy, call.chosen_stages(stage_kinds, stage_labels), len(stage_kinds))
+            options = {k: v for k, v in options.items() if k != "stages"} | ({} if stages is None else {"stages": stages})
         name = str(entry.get("name") or configuration_name({**options, "tree_nodes": tree_nodes}))
         if any(name == c.name for c in found):
             if name == REFERENCE:
