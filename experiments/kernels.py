@@ -1,9 +1,10 @@
 """The stages' kernels side by side: t(n) of a stage's fp32 model in several variants (torch's linears,
-oneDNN's prepacked linears, the prepacked model compiled by torch.compile), and whether greedy decoding
+oneDNN's prepacked linears, the stage compiled ahead of time, the model compiled by torch.compile), and
+whether greedy decoding
 gives the same tokens with all of them (`pipespec.kernels`).
 
     python -m experiments.kernels models=smollm2_int8_fp32 dataset=humaneval dataset.n_samples=10 \
-        max_new_tokens=128 [--max-fed 16] [--repeats 5] [--variants torch,onednn,compile,compile_unpacked] \
+        max_new_tokens=128 [--max-fed 16] [--repeats 5] [--variants torch,onednn,exported,compile,compile_unpacked] \
         [--out results/kernels/humaneval]
 
 Composes the runner's config (`conf/config.yaml`: models, dataset; any override). Every model
@@ -12,6 +13,9 @@ process. Variants (`--variants`, default torch,onednn; the first is the referenc
 identity check):
 
 - `torch`: `kernels: torch`; `onednn`: `kernels: onednn` (`pipespec.kernels.PrepackedLinear`);
+- `exported`: the stage with `compile: true` (`pipespec.exported`: its step exported and compiled ahead of
+  time by AOTInductor, one graph for every shape; built at its first use on a machine, else loaded from
+  the cache); its load time (build or load, and one sweep) is reported as `load_s`;
 - `compile`: the `onednn` model with its forward compiled by `torch.compile(dynamic=True)` (inductor). Its
   calls run with inductor's freezing on: inductor lowers `mkldnn._linear_pointwise` only for a weight that
   is a graph constant, and dynamo decides that while tracing. Shapes: 1..max_fed tokens fed on a KV cache
@@ -51,10 +55,10 @@ from pipespec.compiled import warm_up as compiled_warm_up
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-VARIANTS = ("torch", "onednn", "compile", "compile_unpacked")
+VARIANTS = ("torch", "onednn", "exported", "compile", "compile_unpacked")
 COMPILED = ("compile", "compile_unpacked")  # variants whose forward torch.compile compiles
 KERNELS_COMPARED = ("torch", "onednn")  # the default variants (and those of reports without "variants")
-CONTAINED = COMPILED  # variants whose errors are reported as the variant's failure, not raised
+CONTAINED = ("exported", *COMPILED)  # variants whose errors are reported as the variant's failure, not raised
 
 
 class VariantFailed(Exception):
@@ -82,16 +86,22 @@ def one_line(error: BaseException) -> str:
 
 
 def load_variant(spec, variant: str):
-    """The stage's model as `variant` runs it: `compile` is the prepacked model with `compile: true`;
+    """A runner of the stage's model as `variant` runs it: `exported` is the stage with `compile: true`
+    (its package built, or loaded from the cache); `compile` the prepacked model compiled by torch.compile;
     `compile_unpacked` torch's model compiled with inductor's weight prepacking off."""
     from pipespec.compiled import compile_forward
-    from pipespec.models import load_model
+    from pipespec.models import CausalLMRunner, load_model
 
+    if variant == "exported":
+        from pipespec.exported import compiled_runner
+
+        return compiled_runner(replace(spec, compile=True))[0]
     if variant == "compile":
-        return load_model(replace(spec, kernels="onednn", compile=True))
+        return CausalLMRunner(compile_forward(load_model(replace(spec, kernels="onednn", compile=False))))
     if variant == "compile_unpacked":
-        return compile_forward(load_model(replace(spec, kernels="torch", compile=False)), weight_prepack=False)
-    return load_model(replace(spec, kernels=variant, compile=False))
+        model = compile_forward(load_model(replace(spec, kernels="torch", compile=False)), weight_prepack=False)
+        return CausalLMRunner(model)
+    return CausalLMRunner(load_model(replace(spec, kernels=variant, compile=False)))
 
 
 def warm_up(runner, context: list[int], max_fed: int, compiled: bool) -> dict:
@@ -139,15 +149,18 @@ def guarded(variant: str, failed: dict, action):
 
 def load_and_warm(spec, variants: tuple[str, ...], context: list[int], max_fed: int, failed: dict, log) -> tuple:
     """({variant: runner}, {variant: warm-up facts}) of the variants that load and warm up; `failed` gets the rest."""
-    from pipespec.models import CausalLMRunner
+    import time
 
     runners, warm = {}, {}
     for variant in variants:
-        runner = guarded(variant, failed, lambda: CausalLMRunner(load_variant(spec, variant)))
+        started = time.perf_counter()
+        runner = guarded(variant, failed, lambda: load_variant(spec, variant))
+        load_s = time.perf_counter() - started
         facts = runner and guarded(variant, failed, lambda: warm_up(runner, context, max_fed, variant in COMPILED))
         if facts:
-            runners[variant], warm[variant] = runner, facts
-            log(f"kernels: {spec.label}: {variant}: first call {facts['first_call_s']:.2f} s, warm-up sweeps "
+            runners[variant], warm[variant] = runner, {"load_s": load_s, **facts}
+            log(f"kernels: {spec.label}: {variant}: loaded in {load_s:.2f} s, first call "
+                f"{facts['first_call_s']:.2f} s, warm-up sweeps "
                 + ", ".join(f"{s:.2f}" for s in facts["sweeps_s"]) + " s")  # fmt: skip
         else:
             log(f"kernels: {spec.label}: {variant}: failed, {failed[variant]}")
@@ -265,6 +278,8 @@ def warm_up_line(stage: dict) -> str:
     parts = []
     for variant, facts in stage.get("warm_up", {}).items():
         text = f"{variant} {facts['first_call_s']:.2f} s / " + " + ".join(f"{s:.2f}" for s in facts["sweeps_s"]) + " s"
+        if "load_s" in facts:  # reports before it existed have none
+            text = f"{variant} loaded in {facts['load_s']:.2f} s, " + text[len(variant) + 1 :]
         if "graphs" in facts:
             breaks = sum(stage.get("graph_breaks", {}).values())
             text += (f" ({facts['graphs']} graphs in the warm-up, {facts.get('graphs_in_all', '?')} in all, "

@@ -1,27 +1,16 @@
-"""Compiled stages: a model stage's forward compiled by `torch.compile` (inductor), warmed before it serves.
+"""torch.compile of a model stage's forward (inductor, just in time), and the sweeps that warm a stage up.
 
-A stage with `compile: true` compiles its model's forward with dynamic shapes (`compile_forward`): graphs
-for one token fed and for any other count, on an empty KV cache (transformers' DynamicCache), a contiguous
-one or one cropped after a rollback (a strided view, which dynamo guards on): 6-8 graphs in all. Each call
-runs under inductor's freezing, so the weights (prepacked for oneDNN where the stage's kernels are) are
-graph constants, and with an error, not a silent eager fallback, where dynamo would give up recompiling.
-
-`warm_up` compiles every graph the stage loop will run before the first timed call (`sweep`: first calls
-on an empty cache, 1..`WARM_FED` tokens fed after a crop, steps that extend the cache, a seeded walk of
-partial acceptances, token trees where the stage's drafter proposes them, a request's first step among
-them), until a sweep compiles no new graph; each request's trace then counts the graphs the stage
-compiled during it (`StageTrace.compiled_graphs`: 0 once warmed up). `CausalLMRunner` makes each first
-call's K/V contiguous for a compiled model, so the guards see a contiguous cache or a crop of one. The
-warm-up's seconds are the stage's warm-up, reported apart from any call (`Pipeline.warm_up_s`).
-Inductor's C++ kernels are cached on disk (`artefact_cache`, under `pipespec.cache.cache_root() /
-"inductor"` unless TORCHINDUCTOR_CACHE_DIR is set), but not its graphs: torch 2.13's FX graph cache bypasses a graph holding mkldnn tensors ("mkldnn
-tensors unpickleable"), and the prepacked weights are such tensors, so a second start lowers every graph
-again. Without prepacking the graphs are cached, but the compiled step then runs torch's few-row fp32
-products (1.4-2.6x the prepacked eager step on SmolLM2, AVX-512) and a second start still traces every
-graph (72% of the first's time): the speed is worth the warm-up.
-
-`compiler_obstacle` says why compiling cannot work in this process (no inductor, no C++ compiler for its
-CPU kernels); the driver refuses `compile: true` with it before any stage starts.
+The stage option `compile: true` does not compile here: it exports its step once and compiles it ahead of
+time (`pipespec.exported`), one graph for every shape, cached, loaded in seconds by later starts. This
+module keeps the just-in-time path that `experiments.kernels` measures beside it (`compile_forward`):
+`torch.compile` with dynamic shapes under inductor's freezing, which compiles 6-8 graphs at a stage's
+first calls (an empty KV cache, one token fed or more, a cache cropped after a rollback: a strided view
+dynamo guards on) and, because the prepacked weights are mkldnn tensors that inductor's FX graph cache
+does not keep, compiles them again at every start; and `sweep` / `warm_up`, the untimed calls over the
+stage loop's cache patterns that warm any runner (the compiled stage's first calls; the kernels tool's
+variants, until a sweep compiles no new graph). `compiler_obstacle` says why compiling cannot work in this
+process (no inductor, no C++ compiler for its CPU kernels); the driver refuses `compile: true` with it
+before any stage starts.
 """
 
 from __future__ import annotations
@@ -37,9 +26,8 @@ from pipespec.drafters.tree import DraftTree
 RECOMPILE_LIMIT = 32  # graphs per compiled frame (dynamo's default 8); the warm-up check catches runaways
 WARM_UP_SWEEPS = 3  # at most; still compiling new graphs after these is a failure
 WARM_FED = 16  # the warm-up's sweeps feed 1..WARM_FED tokens
-WARM_CONTEXT = 48  # tokens of the warm-up's prefill
 WALK_STEPS = 24  # steps of the warm-up's walk of verifications
-START_ALLOWANCE_S = 1800.0  # added to the driver's start timeout where a stage compiles
+START_ALLOWANCE_S = 1800.0  # added to the driver's start timeout where a stage compiles (`pipespec.exported`)
 
 
 class StillCompiling(RuntimeError):
@@ -174,16 +162,3 @@ def warm_up(runner, context: list[int], max_fed: int = WARM_FED, tree_nodes: int
     if compiled:
         facts["graphs"] = compiled_graphs() - graphs_before
     return facts
-
-
-def warm_stage(runner, label: str, vocab: int, tree_nodes: int = 0) -> float:
-    """A compiled stage's warm-up before it serves (a progress bar on stderr): its seconds."""
-    from tqdm.auto import tqdm
-
-    context = [(7 * i + 3) % vocab for i in range(WARM_CONTEXT)]
-    started = time.perf_counter()
-    with tqdm(total=1 + WARM_UP_SWEEPS, desc=f"compiling {label}", unit="part", file=sys.stderr,
-              leave=False, disable=None) as bar:  # fmt: skip
-        warm_up(runner, context, WARM_FED, tree_nodes, step=lambda what: bar.update(1))
-    runner.start()  # the warm-up's cache goes: the first request starts from an empty one
-    return time.perf_counter() - started

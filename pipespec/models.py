@@ -171,10 +171,6 @@ def load_model(spec: StageSpec):
         from pipespec.kernels import prepack_linears
 
         prepack_linears(model)
-    if spec.compile:
-        from pipespec.compiled import compile_forward
-
-        compile_forward(model)  # compiled at its first calls: `pipespec.compiled.warm_stage` makes them
     return model
 
 
@@ -242,6 +238,31 @@ def context_length(model_path: str) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
 
+def tree_attention(pending: int, tree):
+    """(pending + nodes) x (pending + nodes) bool: which fed token may attend to which, when `pending`
+    committed tokens and then the nodes of the token `tree` are fed in one pass: the pending tokens
+    causally, a node every pending token, its ancestors and itself (the cached prefix: every fed token)."""
+    import torch
+
+    fed = pending + len(tree)
+    allowed = torch.zeros(fed, fed, dtype=torch.bool)
+    allowed[:, :pending] = torch.ones(fed, pending, dtype=torch.bool)
+    allowed[:pending, :pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
+    for i, parent in enumerate(tree.parents):
+        row = pending + i
+        if parent != -1:
+            allowed[row, pending:] = allowed[pending + parent, pending:]
+        allowed[row, row] = True
+    return allowed
+
+
+def additive_mask(allowed, dtype):
+    """A bool attention mask as an additive float one: 0 where allowed, the dtype's minimum elsewhere."""
+    import torch
+
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 class CausalLMRunner:
     """One sequence of one causal LM: the KV cache and how many tokens it holds."""
 
@@ -273,44 +294,56 @@ class CausalLMRunner:
 
         Feeds `sequence[cache_length:] + candidates` at their explicit positions.
         """
-        import torch
-
-        pending = list(sequence[self.cache_length :])
-        if not pending:
-            raise RuntimeError("the last committed token must not be in the cache yet")
+        pending = self._pending(sequence)
         fed = pending + list(candidates)
-        input_ids = torch.tensor([fed], dtype=torch.long, device=self.device)
-        positions = torch.arange(self.cache_length, self.cache_length + len(fed), device=self.device)
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=positions.unsqueeze(0),
-                cache=self.cache,
-                use_cache=True,
-                logits_to_keep=len(candidates) + 1,
-            )
+        positions = list(range(self.cache_length, self.cache_length + len(fed)))
+        logits = self._call(fed, positions, None, len(candidates) + 1)
         self._after_call(len(fed))
-        return out.logits[0].float()
+        return logits
 
     def forward_tree(self, sequence: Sequence[int], tree):
         """Logits after the last committed token and after each node of the token `tree`
         (`pipespec.drafters.tree.DraftTree`, rooted after `sequence`): len(tree) + 1 rows.
 
         Feeds `sequence[cache_length:]` at their positions and every node at position len(sequence) +
-        its depth - 1, with a 4D additive mask under which each node sees the committed prefix and its
-        own ancestors only (the model takes a 4D mask as it is; sdpa and eager attention add it). The
-        cache then holds every node: `keep_path` keeps the accepted path's.
+        its depth - 1, under a mask where each node sees the committed prefix and its own ancestors only
+        (`tree_attention`). The cache then holds every node: `keep_path` keeps the accepted path's.
         """
-        import torch
+        pending = self._pending(sequence)
+        base, past = len(sequence), self.cache_length
+        positions = list(range(past, base)) + [base + d - 1 for d in tree.depths()]
+        fed = pending + list(tree.tokens)
+        logits = self._call(fed, positions, tree_attention(len(pending), tree), len(tree) + 1)
+        self._after_call(len(fed))
+        self.tree_base = base
+        return logits
 
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        """After `forward_tree`: keep the K/V of the committed prefix and of the accepted path's `nodes`
+        (root to leaf) only, moved to the positions right after the prefix, and crop the rest."""
+        base = self.tree_base
+        if nodes:
+            self._move_rows(base, [base + n for n in nodes])
+        self.truncate(base + len(nodes))
+
+    def _pending(self, sequence: Sequence[int]) -> list[int]:
         pending = list(sequence[self.cache_length :])
         if not pending:
             raise RuntimeError("the last committed token must not be in the cache yet")
-        base, past = len(sequence), self.cache_length
-        depths = tree.depths()
-        input_ids = torch.tensor([pending + list(tree.tokens)], dtype=torch.long, device=self.device)
-        positions = list(range(past, base)) + [base + d - 1 for d in depths]
-        mask = self._tree_mask(past, len(pending), tree)
+        return pending
+
+    def _call(self, fed: list[int], positions: list[int], among_fed, keep: int):
+        """The model on `fed` tokens at `positions` after the cache (K/V appended to it): float logits of the
+        last `keep` rows. `among_fed` (None: causal) is which fed token may see which (`tree_attention`):
+        a 4D additive mask that also opens the whole cached prefix (sdpa and eager attention add it)."""
+        import torch
+
+        input_ids = torch.tensor([fed], dtype=torch.long, device=self.device)
+        mask = None
+        if among_fed is not None:
+            dtype = getattr(self.model, "dtype", torch.float32)  # the attention's: float16 / bfloat16 on GPUs
+            allowed = torch.cat([torch.ones(len(fed), self.cache_length, dtype=torch.bool), among_fed], dim=1)
+            mask = additive_mask(allowed, dtype)[None, None].to(self.device)
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
@@ -318,10 +351,8 @@ class CausalLMRunner:
                 attention_mask=mask,
                 cache=self.cache,
                 use_cache=True,
-                logits_to_keep=len(tree) + 1,
+                logits_to_keep=keep,
             )
-        self._after_call(input_ids.shape[1])
-        self.tree_base = base
         return out.logits[0].float()
 
     def _after_call(self, fed: int) -> None:
@@ -333,39 +364,16 @@ class CausalLMRunner:
                     layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
         self.cache_length += fed
 
-    def _tree_mask(self, past: int, pending: int, tree):
-        """(1, 1, pending + nodes, past + pending + nodes) additive float mask: 0 where a fed token may
-        attend (the cached prefix, the pending tokens causally, a node's ancestors and itself), the
-        dtype's minimum elsewhere."""
+    def _move_rows(self, base: int, source: list[int]) -> None:
+        """The K/V at cache positions `source` copied to positions base, base + 1, ..."""
         import torch
 
-        dtype = getattr(self.model, "dtype", torch.float32)  # the attention's: float16 / bfloat16 on GPUs
-        fed = pending + len(tree)
-        allowed = torch.zeros(fed, past + fed, dtype=torch.bool)
-        allowed[:, : past + pending] = True
-        allowed[:pending, past : past + pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
-        for i, parent in enumerate(tree.parents):
-            row = pending + i
-            if parent != -1:
-                allowed[row, past + pending : past + fed] = allowed[pending + parent, past + pending : past + fed]
-            allowed[row, past + row] = True
-        mask = torch.zeros(fed, past + fed, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(self.device)
-
-    def keep_path(self, nodes: Sequence[int]) -> None:
-        """After `forward_tree`: keep the K/V of the committed prefix and of the accepted path's `nodes`
-        (root to leaf) only, moved to the positions right after the prefix, and crop the rest."""
-        import torch
-
-        base = self.tree_base
-        if nodes:
-            source = torch.tensor([base + n for n in nodes], dtype=torch.long)
-            with torch.inference_mode():
-                for layer in self.cache.layers:  # transformers' DynamicCache layers: [batch, heads, tokens, dim]
-                    for name in ("keys", "values"):
-                        states = getattr(layer, name)  # a split model's layers live on several devices
-                        states[..., base : base + len(nodes), :] = states.index_select(-2, source.to(states.device))
-        self.truncate(base + len(nodes))
+        rows = torch.tensor(source, dtype=torch.long)
+        with torch.inference_mode():
+            for layer in self.cache.layers:  # transformers' DynamicCache layers: [batch, heads, tokens, dim]
+                for name in ("keys", "values"):
+                    states = getattr(layer, name)  # a split model's layers live on several devices
+                    states[..., base : base + len(source), :] = states.index_select(-2, rows.to(states.device))
 
     def cached_length(self) -> int:
         """The cache's own idea of its length (tests compare it with `cache_length`)."""

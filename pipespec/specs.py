@@ -46,7 +46,7 @@ class StageSpec:
     max_index_tokens: int = 65536  # suffix: tokens of earlier outputs + corpus kept (oldest outputs evicted)
     corpus: list | None = None  # suffix: files or folders (.py/.txt/.md) tokenized with `model`'s tokenizer
     tree_nodes: int = 0  # prompt_lookup, suffix: propose token trees of up to N nodes (0 = a chain)
-    compile: bool = False  # kind hf: forward compiled by torch.compile, warmed before serving (pipespec.compiled)
+    compile: bool = False  # kind hf: the step exported and compiled ahead of time, cached (pipespec.exported)
     extra: dict = field(default_factory=dict)  # passed to from_pretrained (e.g. device_map)
     params_b: float | None = None  # declared size in billions: plan mode's estimate when weights are not local
 

@@ -83,26 +83,18 @@ class StageEngine:
     def __init__(self, spec: StageSpec, tree_nodes_fed: int = 0):
         self.spec = spec
         self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
-        self.runner = None if self.lookup is not None else CausalLMRunner(load_model(spec))
-        self.warm_up_s = 0.0  # a compiled stage: seconds compiling before it serves (pipespec.compiled)
-        if spec.compile and self.runner is not None:
-            from pipespec.compiled import warm_stage
+        self.runner, self.warm_up_s = None, 0.0  # a compiled stage's warm-up: building or loading it, first calls
+        if self.lookup is None and spec.compile:
+            from pipespec.exported import compiled_runner
 
-            vocab = self.runner.model.get_input_embeddings().num_embeddings
-            self.warm_up_s = warm_stage(self.runner, spec.label, vocab, tree_nodes_fed)
+            self.runner, self.warm_up_s = compiled_runner(spec, tree_nodes_fed)
+        elif self.lookup is None:
+            self.runner = CausalLMRunner(load_model(spec))
         self.tree_nodes = spec.tree_nodes if self.lookup is not None else 0  # > 0: proposes token trees
         self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
         self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests
         self.kept = schedule.VerifyHistory()  # a drafter: how many of its drafts the next stage kept, by position
         self.seconds_per_token = 0.0  # a drafter: the pace of the next stage's commits (the last request's)
-
-    def compiled_graphs(self) -> int | None:
-        """Graphs compiled in this process so far, for a compiled stage (None: not compiled)."""
-        if not self.spec.compile or self.runner is None:
-            return None
-        from pipespec.compiled import compiled_graphs
-
-        return compiled_graphs()
 
     def start(self) -> None:
         if self.runner is not None:
@@ -581,13 +573,10 @@ def serve(index: int, n_stages: int, engine: StageEngine, inbox: Inbox) -> None:
         if job.forget_outputs and engine.lookup is not None:
             engine.lookup.forget_outputs()
         request = StageRequest(index, job, engine, link, job.stage_names)
-        graphs = engine.compiled_graphs()
         output = request.run(inbox.for_request(job.request))
         request.log("finished", output)
         if engine.gpu is not None:
             request.trace.gpu = engine.gpu.window(request.trace.start_time, request.trace.end_time)
-        if graphs is not None:
-            request.trace.compiled_graphs = engine.compiled_graphs() - graphs
         link.send(0, Trace(index, job.request, request.trace.to_dict()))
         if output is not None:
             for other in range(n_stages - 1):

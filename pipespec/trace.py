@@ -41,8 +41,6 @@ class StageTrace:
     pending_rollbacks: int = 0
     pending_rollback_tokens: int = 0
     gpu: list[dict] | None = None  # per GPU of the stage, its samples in this request (`pipespec.gpu`)
-    # a compiled stage (`pipespec.compiled`): the graphs it compiled during this request (0 once warmed up)
-    compiled_graphs: int | None = None
 
     def note_rollback(self, tokens_removed: int) -> None:
         self.pending_rollbacks += 1
@@ -70,7 +68,6 @@ class StageTrace:
             "trailing_rollbacks": self.pending_rollbacks,
             "trailing_rollback_tokens": self.pending_rollback_tokens,
             **({"gpu": self.gpu} if self.gpu is not None else {}),
-            **({"compiled_graphs": self.compiled_graphs} if self.compiled_graphs is not None else {}),
         }
 
     @classmethod
@@ -83,7 +80,6 @@ class StageTrace:
         trace.pending_rollbacks = data.get("trailing_rollbacks", 0)
         trace.pending_rollback_tokens = data.get("trailing_rollback_tokens", 0)
         trace.gpu = data.get("gpu")  # absent in traces of CPU stages and of older runs
-        trace.compiled_graphs = data.get("compiled_graphs")  # absent in traces of stages not compiled
         return trace
 
 

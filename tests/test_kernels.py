@@ -141,7 +141,7 @@ def test_experiment_variants_are_parsed_and_a_bad_one_is_refused_in_one_line(cap
     from experiments.kernels import main, parse_variants
 
     assert parse_variants("onednn, compile") == ("onednn", "compile")
-    for text, message in [("torch,fast", "unknown fast; allowed: torch, onednn, compile"), (",", "at least one"),
+    for text, message in [("torch,fast", "unknown fast; allowed: torch, onednn, exported, compile"), (",", "at least one"),
                           ("torch,torch", "named twice")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             parse_variants(text)
@@ -163,7 +163,7 @@ def test_a_failing_compiled_variant_is_reported_and_the_others_measured(tiny_mod
         model.forward = forward
         return model
 
-    monkeypatch.setattr(compiled, "compile_forward", broken)  # what the stage option `compile` applies
+    monkeypatch.setattr(compiled, "compile_forward", broken)  # what the `compile` variant applies
     prompts = [(f"p{i}", p) for i, p in enumerate(random_prompts(2, length=8, seed=3))]
     stage = kernels.compare_stage(StageSpec(model=tiny_models([])[-1]), ("torch", "compile", "onednn"), prompts,
                                   max_fed=2, repeats=1, budget=4, log=lambda text: None)  # fmt: skip
