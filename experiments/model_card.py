@@ -32,10 +32,10 @@ def step_costs_ms(spec, context_tokens: int = 200, max_n: int = 16, repeats: int
     import torch
 
     from experiments.profiling import interleaved_step_costs
-    from pipespec.models import CausalLMRunner, load_model
+    from pipespec.exported import stage_runner
 
     torch.set_num_threads(spec.threads)
-    runner = CausalLMRunner(load_model(spec))
+    runner = stage_runner(spec)[0]
     generator = torch.Generator().manual_seed(0)
     context = torch.randint(100, 40000, (context_tokens + 1,), generator=generator).tolist()  # the cache + 1 fed
     return [1000 * t for t in interleaved_step_costs({spec.label: runner}, context, max_n, repeats)[spec.label]]

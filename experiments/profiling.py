@@ -93,10 +93,10 @@ SHORT_PROMPTS_WITH_COSTS = 8
 def _runner(spec: StageSpec):
     import torch
 
-    from pipespec.models import CausalLMRunner, load_model
+    from pipespec.exported import stage_runner
 
     torch.set_num_threads(spec.threads)
-    runner = CausalLMRunner(load_model(spec))
+    runner = stage_runner(spec)[0]  # a compiled stage's package: the step the pipeline runs
     runner.start()
     return runner
 

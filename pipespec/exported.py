@@ -215,3 +215,12 @@ def compiled_runner(spec: StageSpec, tree_nodes: int = 0) -> tuple[ExportedRunne
     sweep(runner, context, 16, tree_nodes)
     runner.start()  # the warm-up's cache goes: the first request starts from an empty one
     return runner, time.perf_counter() - started
+
+
+def stage_runner(spec: StageSpec, tree_nodes: int = 0) -> tuple[CausalLMRunner, float]:
+    """The runner a model stage's spec makes and its warm-up seconds: over the compiled package for
+    `compile: true` (`compiled_runner`), else `CausalLMRunner` over the loaded model (0 s). The stage, a
+    profile's step costs and the model card all measure the runner the pipeline runs."""
+    if spec.compile:
+        return compiled_runner(spec, tree_nodes)
+    return CausalLMRunner(load_model(spec)), 0.0

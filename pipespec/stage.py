@@ -57,7 +57,6 @@ from pipespec import buffers, schedule
 from pipespec.decoding import final_output, model_step, tree_step
 from pipespec.drafters import DraftTree, build_drafter, common_prefix
 from pipespec.gpu import stage_sampler
-from pipespec.models import CausalLMRunner, load_model
 from pipespec.specs import StageSpec, trees_fed
 from pipespec.protocol import (
     Commit, Done, Drafts, Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace, REQUEST_MESSAGES,
@@ -84,12 +83,10 @@ class StageEngine:
         self.spec = spec
         self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
         self.runner, self.warm_up_s = None, 0.0  # a compiled stage's warm-up: building or loading it, first calls
-        if self.lookup is None and spec.compile:
-            from pipespec.exported import compiled_runner
+        if self.lookup is None:
+            from pipespec.exported import stage_runner
 
-            self.runner, self.warm_up_s = compiled_runner(spec, tree_nodes_fed)
-        elif self.lookup is None:
-            self.runner = CausalLMRunner(load_model(spec))
+            self.runner, self.warm_up_s = stage_runner(spec, tree_nodes_fed)
         self.tree_nodes = spec.tree_nodes if self.lookup is not None else 0  # > 0: proposes token trees
         self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
         self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests

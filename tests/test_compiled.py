@@ -137,6 +137,20 @@ def test_an_exported_step_computes_what_the_model_computes_through_rollbacks_and
     assert json.loads(path.with_suffix(".json").read_text())["check_difference"] < exported.TOLERANCE["float32"]
 
 
+def test_a_profile_times_the_compiled_step_the_pipeline_runs(tiny, compiled_cache):
+    """A profile's step costs (and the model card's) come from the runner the stage makes: the compiled
+    package's for `compile: true` (loaded here from the cache an earlier start filled), the eager model's
+    otherwise."""
+    from experiments.profiling import _runner
+    from pipespec.exported import ExportedRunner, stage_runner
+    from pipespec.models import CausalLMRunner
+
+    compiled = _runner(StageSpec(model=tiny[-1], compile=True))
+    assert isinstance(compiled, ExportedRunner) and compiled.cache_length == 0
+    eager, warm_up_s = stage_runner(StageSpec(model=tiny[-1]))
+    assert type(eager) is CausalLMRunner and warm_up_s == 0.0
+
+
 @pytest.mark.parametrize("failure", ["export", "check"])
 def test_a_model_it_cannot_compile_is_one_clear_error_and_leaves_no_package(tiny, tmp_path, monkeypatch, failure):
     """An export that fails, or a package whose logits are not the model's (a model whose head is not the output
