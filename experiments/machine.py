@@ -38,7 +38,7 @@ def environment(specs) -> dict[str, Any]:
         **gpu_facts(),  # gpus, cuda, driver, bitsandbytes, ...
         "threads_per_stage": [spec.threads for spec in specs],
         "devices_per_stage": [spec.device for spec in specs],
-        "kernels_per_stage": [resolved_kernels(spec) for spec in specs],  # onednn | torch | None (model-free)
+        "kernels_per_stage": [resolved_kernels(spec) for spec in specs],  # onednn | torch | compiled | None (model-free)
     }
 
 

@@ -129,9 +129,12 @@ def check_shared_vocabulary(specs: Sequence[StageSpec]):
 
 def resolved_kernels(spec: StageSpec) -> str | None:
     """What the stage's linears run: "onednn" or "torch" (None: a model-free stage); for kernels "auto" the
-    faster of the two on this machine, measured once and cached (`pipespec.kernels`)."""
+    faster of the two on this machine, measured once and cached (`pipespec.kernels`); "compiled" for a
+    stage with `compile: true` (its package's own, prepacked by inductor: `pipespec.exported`)."""
     if spec.kind != "hf":
         return None
+    if spec.compile:
+        return "compiled"
     from pipespec.kernels import resolve
 
     return resolve(spec, measure_kernel_choice)

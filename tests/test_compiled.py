@@ -140,13 +140,14 @@ def test_an_exported_step_computes_what_the_model_computes_through_rollbacks_and
 def test_a_profile_times_the_compiled_step_the_pipeline_runs(tiny, compiled_cache):
     """A profile's step costs (and the model card's) come from the runner the stage makes: the compiled
     package's for `compile: true` (loaded here from the cache an earlier start filled), the eager model's
-    otherwise."""
+    otherwise; its kernels are recorded as `compiled`."""
     from experiments.profiling import _runner
     from pipespec.exported import ExportedRunner, stage_runner
-    from pipespec.models import CausalLMRunner
+    from pipespec.models import CausalLMRunner, resolved_kernels
 
     compiled = _runner(StageSpec(model=tiny[-1], compile=True))
     assert isinstance(compiled, ExportedRunner) and compiled.cache_length == 0
+    assert resolved_kernels(StageSpec(model=tiny[-1], compile=True, kernels="auto")) == "compiled"  # nothing measured
     eager, warm_up_s = stage_runner(StageSpec(model=tiny[-1]))
     assert type(eager) is CausalLMRunner and warm_up_s == 0.0
 
