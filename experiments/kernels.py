@@ -1,7 +1,6 @@
 """The stages' kernels side by side: t(n) of a stage's fp32 model in several variants (torch's linears,
 oneDNN's prepacked linears, the stage compiled ahead of time, the model compiled by torch.compile), and
-whether greedy decoding
-gives the same tokens with all of them (`pipespec.kernels`).
+whether greedy decoding gives the same tokens with all of them (`pipespec.kernels`).
 
     python -m experiments.kernels models=smollm2_int8_fp32 dataset=humaneval dataset.n_samples=10 \
         max_new_tokens=128 [--max-fed 16] [--repeats 5] [--variants torch,onednn,exported,compile,compile_unpacked] \

@@ -201,7 +201,7 @@ def compiled_runner(spec: StageSpec, tree_nodes: int = 0) -> tuple[ExportedRunne
     from tqdm.auto import tqdm
     from transformers import AutoConfig
 
-    from pipespec.compiled import sweep
+    from pipespec.compiled import WARM_FED, sweep
 
     started = time.perf_counter()
     path = package_path(spec)
@@ -212,7 +212,7 @@ def compiled_runner(spec: StageSpec, tree_nodes: int = 0) -> tuple[ExportedRunne
     config = AutoConfig.from_pretrained(resolve_model_path(spec.model))
     runner = ExportedRunner(torch._inductor.aoti_load_package(str(path)), config, getattr(torch, spec.dtype))
     context = [(7 * i + 3) % config.vocab_size for i in range(WARM_CONTEXT)]
-    sweep(runner, context, 16, tree_nodes)
+    sweep(runner, context, WARM_FED, tree_nodes)
     runner.start()  # the warm-up's cache goes: the first request starts from an empty one
     return runner, time.perf_counter() - started
 
