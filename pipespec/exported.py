@@ -137,7 +137,7 @@ def build_package(spec: StageSpec, path: Path, step=None) -> dict:
         raise ConfigError(f"stage {spec.label!r}: 'compile' cannot export or compile model {spec.model!r}: "
                           f"{type(error).__name__}: {' '.join(str(error).split())[:300]}") from None  # fmt: skip
     step and step("compile")
-    difference = package_difference(torch._inductor.aoti_load_package(str(partial)), module, example)
+    difference = package_difference(load_package(partial), module, example)
     if difference > TOLERANCE.get(spec.dtype, 5e-2):
         partial.unlink()
         raise ConfigError(f"stage {spec.label!r}: 'compile' of model {spec.model!r} computes other logits than "
@@ -155,6 +155,27 @@ def package_difference(package, module, example) -> float:
         got, expected = package(*example), module(*example)
     return max(float((a.float() - b.float()).abs().max()) / max(1.0, float(b.float().abs().max()))
                for a, b in zip(got, expected))  # fmt: skip
+
+
+def load_package(path: Path):
+    """The compiled model in the package at `path`. AOTInductor's loader unpacks the package (its library and
+    weights: as large as the model) into a folder of the temporary directory and removes it only when the
+    loaded model is destroyed, which a stage process ending by `os._exit` never does; so it unpacks into a
+    private folder here (TMPDIR for the call), removed once loaded (the library and weights are in memory)."""
+    import shutil
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="pipespec_package_")
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = private
+    try:
+        return torch._inductor.aoti_load_package(str(path))
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+        shutil.rmtree(private, ignore_errors=True)
 
 
 class ExportedRunner(CausalLMRunner):
@@ -210,7 +231,7 @@ def compiled_runner(spec: StageSpec, tree_nodes: int = 0) -> tuple[ExportedRunne
                   disable=None) as bar:  # fmt: skip
             build_package(spec, path, step=lambda what: bar.update(1))
     config = AutoConfig.from_pretrained(resolve_model_path(spec.model))
-    runner = ExportedRunner(torch._inductor.aoti_load_package(str(path)), config, getattr(torch, spec.dtype))
+    runner = ExportedRunner(load_package(path), config, getattr(torch, spec.dtype))
     context = [(7 * i + 3) % config.vocab_size for i in range(WARM_CONTEXT)]
     sweep(runner, context, WARM_FED, tree_nodes)
     runner.start()  # the warm-up's cache goes: the first request starts from an empty one

@@ -117,14 +117,20 @@ def _walk(runners, steps: int, seed: int = 0):
 def test_an_exported_step_computes_what_the_model_computes_through_rollbacks_and_trees(tiny, compiled_cache):
     """The compiled package's runner against the eager model's, call by call: the same logits (to float
     rounding) and the same greedy choices through a walk of verifications, crops and token trees; the package
-    is then in the cache, and the next start loads it instead of building it again."""
+    is then in the cache, and the next start loads it instead of building it again; no unpacked copy of it
+    stays in the temporary directory."""
     import torch
 
     from pipespec import exported
     from pipespec.models import CausalLMRunner, load_model
 
+    import tempfile
+
     spec = StageSpec(model=tiny[-1], compile=True)
+    unpacked = lambda: set(Path(tempfile.gettempdir()).glob("aotinductor_*"))  # noqa: E731 - the loader's folders
+    before = unpacked()
     runner, first_s = exported.compiled_runner(spec, tree_nodes=6)
+    assert unpacked() == before  # the unpacked package is not left behind (a stage ends without destroying it)
     path = exported.package_path(spec)
     built = path.stat().st_mtime_ns
     eager = CausalLMRunner(load_model(StageSpec(model=tiny[-1])))
