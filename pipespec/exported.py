@@ -20,6 +20,7 @@ the export or the check refuses is a `ConfigError` naming it, at the stage's sta
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -125,8 +126,8 @@ def build_package(spec: StageSpec, path: Path, step=None) -> dict:
     module, dtype = ExportedStep(model).eval(), getattr(torch, spec.dtype)
     example = example_inputs(model.config, dtype)
     partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-    try:
-        with torch.no_grad():
+    try:  # inductor's own cache of the build (as large as the model again) goes with it
+        with torch.no_grad(), private_directory("TORCHINDUCTOR_CACHE_DIR", "pipespec_build_"):
             program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes(model.config))
             step and step("export")
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,25 +158,33 @@ def package_difference(package, module, example) -> float:
                for a, b in zip(got, expected))  # fmt: skip
 
 
+@contextlib.contextmanager
+def private_directory(variable: str, prefix: str):
+    """The environment variable `variable` naming a fresh folder for the block's calls, then restored and
+    the folder removed."""
+    import shutil
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix=prefix)
+    previous = os.environ.get(variable)
+    os.environ[variable] = private
+    try:
+        yield private
+    finally:
+        if previous is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = previous
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def load_package(path: Path):
     """The compiled model in the package at `path`. AOTInductor's loader unpacks the package (its library and
     weights: as large as the model) into a folder of the temporary directory and removes it only when the
     loaded model is destroyed, which a stage process ending by `os._exit` never does; so it unpacks into a
     private folder here (TMPDIR for the call), removed once loaded (the library and weights are in memory)."""
-    import shutil
-    import tempfile
-
-    private = tempfile.mkdtemp(prefix="pipespec_package_")
-    previous = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = private
-    try:
+    with private_directory("TMPDIR", "pipespec_package_"):
         return torch._inductor.aoti_load_package(str(path))
-    finally:
-        if previous is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = previous
-        shutil.rmtree(private, ignore_errors=True)
 
 
 class ExportedRunner(CausalLMRunner):

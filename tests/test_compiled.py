@@ -131,6 +131,7 @@ def test_an_exported_step_computes_what_the_model_computes_through_rollbacks_and
     before = unpacked()
     runner, first_s = exported.compiled_runner(spec, tree_nodes=6)
     assert unpacked() == before  # the unpacked package is not left behind (a stage ends without destroying it)
+    assert not list(Path(tempfile.gettempdir()).glob("pipespec_*_*"))  # nor the build's or the load's folder
     path = exported.package_path(spec)
     built = path.stat().st_mtime_ns
     eager = CausalLMRunner(load_model(StageSpec(model=tiny[-1])))
