@@ -215,6 +215,8 @@ def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
             stop_stage_server()
         raise
     todo = [p for p in prompts.prompts if p.sample_id not in store.finished_ids]
+    if not todo and started_server:  # a finished run resumed: no stage starts, so no server to keep importing
+        stop_stage_server()
     store.write_config(run.raw)
     store.write_env(environment(list(pipe.specs)))
     if store.records:

@@ -10,7 +10,6 @@ tokens that stay committed (`forward_tree` and `keep_path` do the same for a tok
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 from pipespec.errors import ConfigError

@@ -93,7 +93,7 @@ def test_cascade_is_refused_without_a_model_free_first_stage(tiny):
 def test_a_sampled_cascade_follows_the_target_distribution(tiny_models, one_thread):
     """The taken proposals travel with their point-mass distributions, so the target's rule sees the
     draft's true q: the same calibration test as every sampled pipeline (tests/test_sampling.py)."""
-    from test_sampling import (LENGTH, MIN_POWER, PASS_P, SHIFT, TOP_K, calibration_test, draw_outputs,
+    from test_sampling import (CALLS, LENGTH, MIN_POWER, PASS_P, SHIFT, TOP_K, calibration_test, draw_outputs,
                                target_checks, target_conditionals)  # fmt: skip
     from test_sampling import TINY as SAMPLED
 
@@ -101,7 +101,7 @@ def test_a_sampled_cascade_follows_the_target_distribution(tiny_models, one_thre
     from pipespec.models import load_model
 
     models = tiny_models(**SAMPLED)
-    calls = 56
+    calls = CALLS
     with Pipeline([{"kind": "prompt_lookup", "ngram_size": 2, "max_proposal": 4}] + list(models[-2:]),
                   strategy="pipespec", cascade=True) as pipe:  # fmt: skip
         results = draw_outputs(pipe, "pipespec", 2, TOP_K, calls)

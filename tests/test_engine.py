@@ -248,6 +248,7 @@ def test_killed_stage_process_gives_an_error_quickly(by_name, prompts):
     assert processes_gone(pids)
 
 
+@pytest.mark.xdist_group("stall_waits")  # waits with the CPU idle: on one worker with the others (test_reliability.py)
 @pytest.mark.parametrize("strategy", ["sd", "pipespec"])
 def test_hanging_stage_is_detected(by_name, prompts, strategy):
     pipe = Pipeline([by_name["high"], by_name["target"]], strategy=strategy, lookahead=4, stall_timeout_s=3)
@@ -333,6 +334,7 @@ def test_stages_started_by_an_external_launcher(by_name, prompts, reference, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("stall_waits")  # waits with the CPU idle: on one worker with the others (test_reliability.py)
 def test_quiet_links_outlive_the_start_timeout(by_name, prompts, reference):
     """No message ever flows from the first stage to the target: that link must not time out.
     (gloo's group timeout once ended such a receive after start_timeout_s, killing long runs.)"""

@@ -24,6 +24,9 @@ from pipespec.models import CausalLMRunner, load_model
 from pipespec.specs import StageSpec
 from experiments.tiny import random_prompts
 
+# Its tests wait seconds for stall timeouts with the CPU idle: they share one xdist worker with the other
+# waiting tests (tests/test_engine.py), so that the other worker computes meanwhile, instead of both waiting
+pytestmark = pytest.mark.xdist_group("stall_waits")
 STALL_S = 3  # stall_timeout_s of every pipeline here
 ERROR_WITHIN_S = 10  # the bound every fault is held to
 MAX_NEW = 16

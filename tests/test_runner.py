@@ -169,7 +169,7 @@ def test_collect_refuses_a_foreign_or_corrupt_directory(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path, entry_point):
+def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path, entry_point, monkeypatch):
     run_dir = tmp_path / "run"
     args = ["models=tiny_k2", "strategy=sd", "strategy.lookahead=3", "dataset=news_lee_cnndm",
             "dataset.n_samples=6", "max_new_tokens=48", f"hydra.run.dir={run_dir}"]  # fmt: skip
@@ -204,6 +204,16 @@ def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path, en
     assert sorted(r["index"] for r in records) == list(range(6))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["n_samples"] == 6 and summary["complete"]
+
+    # resumed once finished: no stage starts, and the fork server the run warmed is ended at once (left
+    # alone, it would import torch and transformers for seconds after the command has exited)
+    import pipespec.api
+
+    ended = []
+    monkeypatch.setattr(pipespec.api, "warm_stage_server", lambda launch=None: True)
+    monkeypatch.setattr(pipespec.api, "stop_stage_server", lambda: ended.append(True))
+    finished = entry_point("experiments.run", *args, "run.resume=true", "run.progress=false")
+    assert finished.returncode == 0 and "6 samples done, 0 to go" in finished.stderr and ended == [True]
 
     different = entry_point("experiments.run", *args[:-2], "max_new_tokens=20", f"hydra.run.dir={run_dir}",
                             "run.resume=true", "run.progress=false")  # fmt: skip

@@ -259,11 +259,11 @@ def tree_samples(tiny_models, strategy: str, lookahead: int, calls: int, faults=
 def test_sampled_trees_follow_the_target_distribution(tiny_models, strategy, lookahead):
     """The project's distribution test (tests/test_sampling.py): every token against the target's exact
     conditional, with its asserted power."""
-    from test_sampling import LENGTH, MIN_POWER, PASS_P, SHIFT, TOP_K, calibration_test, target_conditionals
+    from test_sampling import CALLS, LENGTH, MIN_POWER, PASS_P, SHIFT, TOP_K, calibration_test, target_conditionals
 
     from pipespec.models import load_model
 
-    calls = 56
+    calls = CALLS
     models, results = tree_samples(tiny_models, strategy, lookahead, calls)
     assert all(len(r.tokens) == LENGTH for r in results) and results[-1].lossless
     steps = [r.stage_traces[1].steps for r in results]
