@@ -342,11 +342,11 @@ class Pipeline:
         self._store = base
         self.processes = []
         if self.launch == "local":
-            ctx = _context()
+            ctx, environ = _context(), dict(os.environ)  # the stages' environment: this one, now
             self.processes = [
                 ctx.Process(
                     target=stage_process_main,
-                    args=(i, spec, n, host, port, self.start_timeout_s, start, trees_fed(self.specs, i)),
+                    args=(i, spec, n, host, port, self.start_timeout_s, start, trees_fed(self.specs, i), environ),
                     name=f"pipespec-stage-{i}",
                     daemon=True,
                 )

@@ -464,11 +464,17 @@ def _describe(error: BaseException) -> str:
 
 def stage_process_main(
     index: int, spec: StageSpec, n_stages: int, host: str, port: int, timeout_s: float, start: int | None = None,
-    tree_nodes_fed: int = 0,
+    tree_nodes_fed: int = 0, environ: dict[str, str] | None = None,
 ):
     """Entry point of a stage process (started by `pipespec.api.Pipeline`, or a launcher's rank): joins
     pipeline start `start` (None: the driver's latest) at the store served at HOST:PORT. `tree_nodes_fed`:
-    the nodes of the token trees its drafter proposes (`specs.trees_fed`), which a compiled stage warms up for."""
+    the nodes of the token trees its drafter proposes (`specs.trees_fed`), which a compiled stage warms up for.
+    `environ`: the driver's environment at the start, which a local stage takes as its own: it is forked
+    from a fork server that keeps the environment of its own start (PIPESPEC_CACHE, PIPESPEC_KERNELS and
+    HF_HUB_OFFLINE set by a script after its first pipeline would otherwise not reach the next one's stages)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 

@@ -45,21 +45,20 @@ def test_compile_without_a_compiler_is_one_error_before_any_stage_starts(tiny, t
 
 @pytest.fixture(scope="module")
 def compiled_cache(tmp_path_factory):
-    """PIPESPEC_CACHE of this module: packages built here, in a fresh folder. Stage processes are forked from a
-    fork server and have its environment: the server an earlier test started is ended, so the next one
-    starts with it."""
-    from pipespec.api import stop_stage_server
+    """PIPESPEC_CACHE of this module: packages built here, in a fresh folder. Set once the fork server the
+    stage processes are forked from runs (with the environment of its own start): a stage takes the
+    driver's environment of its pipeline's start, so the pipeline test's stage builds its package here."""
+    from pipespec.api import warm_stage_server
 
+    warm_stage_server()
     path = tmp_path_factory.mktemp("pipespec_cache")
     previous = os.environ.get("PIPESPEC_CACHE")
     os.environ["PIPESPEC_CACHE"] = str(path)
-    stop_stage_server()
     yield path
     if previous is None:
         os.environ.pop("PIPESPEC_CACHE", None)
     else:
         os.environ["PIPESPEC_CACHE"] = previous
-    stop_stage_server()
 
 
 @pytest.fixture(scope="module")
@@ -205,5 +204,5 @@ def test_a_compiled_verifier_is_identical_to_greedy_in_sd_and_pipespec(tiny, ref
             for strategy in ("sd", "pipespec", "sd")[: 3 - 2 * start]:  # later calls draft from earlier outputs: trees
                 results = [pipe.generate(p, max_new_tokens=MAX_NEW, strategy=strategy) for p in PROMPTS]
                 assert [r.tokens for r in results] == reference
-    assert len(list(compiled_cache.rglob("*.pt2"))) == 1
+    assert len(list(compiled_cache.rglob("*.pt2"))) == 1  # the stage read the driver's PIPESPEC_CACHE
     assert warm_up_s[1] < warm_up_s[0] / 2, warm_up_s
