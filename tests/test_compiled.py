@@ -4,7 +4,6 @@ logits refused clearly; a compiled verifier decoding exactly as greedy decoding 
 package built at the first start and loaded by the next."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -52,13 +51,9 @@ def compiled_cache(tmp_path_factory):
 
     warm_stage_server()
     path = tmp_path_factory.mktemp("pipespec_cache")
-    previous = os.environ.get("PIPESPEC_CACHE")
-    os.environ["PIPESPEC_CACHE"] = str(path)
-    yield path
-    if previous is None:
-        os.environ.pop("PIPESPEC_CACHE", None)
-    else:
-        os.environ["PIPESPEC_CACHE"] = previous
+    with pytest.MonkeyPatch.context() as patch:  # restored when the module ends
+        patch.setenv("PIPESPEC_CACHE", str(path))
+        yield path
 
 
 @pytest.fixture(scope="module")
