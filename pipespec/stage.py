@@ -535,12 +535,24 @@ class Inbox:
                 return None
 
     def next_job(self) -> Job | None:
-        """Wait for the next Generate (None: shut down); messages for later requests are kept."""
+        """Wait for the next Generate (None: shut down); messages for later requests are kept. A link to
+        another stage that breaks meanwhile is that stage shut down before this one (the driver tells them
+        in turn) or dead: the driver's next message says which, Shutdown or a Generate this stage cannot
+        serve (the lost link is then its failure). A lost link to the driver fails at once."""
+        lost = None
         while True:
-            message = self.next(float("inf"))
+            try:
+                message = self.next(float("inf"))
+            except StageFailure as failure:
+                if failure.waited_for is None:
+                    raise
+                lost = failure
+                continue
             if isinstance(message, Shutdown):
                 return None
             if isinstance(message, Generate):
+                if lost is not None:
+                    raise lost
                 self.future = [m for m in self.future if m.request >= message.job.request]
                 return message.job
             self.future.append(message)

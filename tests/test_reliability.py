@@ -10,6 +10,7 @@ lockstep and pipelined strategies, every position, random points and the message
 of `pipespec.faults`.
 """
 
+import os
 import random
 import time
 
@@ -150,3 +151,37 @@ def test_delayed_messages_change_nothing_but_the_time(pipes, cases, k, strategy,
     assert result.tokens == expected
     if fault["message"] != "result":  # the result's delay falls after the timed part
         assert result.time_s >= 0.5
+
+
+# ---- a neighbour's link breaking between requests ---------------------------------------------
+
+
+class _Queued:
+    """A transport whose receive hands out a fixed list of (sender rank, message)."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def receive(self, timeout):
+        return self.items.pop(0) if self.items else None
+
+
+def test_a_neighbour_shut_down_first_is_no_failure_and_a_lost_neighbour_fails_the_next_request():
+    """At shutdown the driver tells the stages in turn: a stage may see its neighbour's link break before its
+    own Shutdown arrives (under torchrun a rank exiting 1 for that failed the whole launch). Between requests
+    a broken link to another stage is then no failure by itself: Shutdown ends the stage cleanly, and a
+    Generate it can no longer serve fails with the lost link; a lost link to the driver fails at once."""
+    from pipespec.protocol import Generate, Job, LinkBroken, Shutdown
+    from pipespec.schedule import roles
+    from pipespec.stage import Inbox, StageFailure
+    from pipespec.verify import Acceptance, Sampling
+
+    job = Job(1, [3, 4], 8, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "t"], Sampling(), Acceptance())
+    closed = LinkBroken("Connection closed by peer")
+    assert Inbox(_Queued([(1, closed), (0, Shutdown())]), os.getppid()).next_job() is None
+    with pytest.raises(StageFailure, match="lost the link to stage 0") as failure:
+        Inbox(_Queued([(1, closed), (0, Generate(job))]), os.getppid()).next_job()
+    assert failure.value.kind == "lost_link" and failure.value.waited_for == 0
+    with pytest.raises(StageFailure, match="lost the link to the driver"):
+        Inbox(_Queued([(0, closed), (0, Shutdown())]), os.getppid()).next_job()
+    assert Inbox(_Queued([(0, Generate(job))]), os.getppid()).next_job() == job
