@@ -26,7 +26,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -158,17 +158,34 @@ def format_table(speedups: Sequence[PairedSpeedup], reference: str = REFERENCE) 
     return "\n".join(lines)
 
 
-def speed_factor(steps: Mapping[str, Sequence], step_s: Sequence[float], skip_first: bool = True) -> float | None:
+def speed_factor(steps: Mapping[str, Sequence], step_s: Sequence[float] | Callable[[int, int], float],
+                 skip_first: bool = True) -> float | None:  # fmt: skip
     """How slow the machine was for one sample against a profile: the stage's measured step seconds over the
-    profile's t(n) for the same steps (n = tokens fed; beyond the profile's largest n, extrapolated along
-    its last two points). The first step (the prompt's prefill) is left out; None without steps."""
+    profile's for the same steps (`profile_seconds`). The first step (the prompt's prefill) is left out;
+    None without steps."""
     if not step_s:
         return None
-    starts, ends, fed = steps["t_start"], steps["t_end"], steps["fed"]
-    rows = range(1 if skip_first else 0, len(fed))
+    starts, ends = steps["t_start"], steps["t_end"]
+    rows = range(1 if skip_first else 0, len(steps["fed"]))
     measured = sum(ends[i] - starts[i] for i in rows)
-    predicted = sum(profile_step_cost(step_s, int(fed[i])) for i in rows)
+    predicted = profile_seconds(steps, step_s, rows)
     return measured / predicted if predicted > 0 else None
+
+
+def profile_seconds(steps: Mapping[str, Sequence], cost: Sequence[float] | Callable[[int, int], float],
+                    rows: Sequence[int]) -> float:  # fmt: skip
+    """The profile's seconds for the `rows` of a stage's trace: `cost` a t(n) table (n = tokens fed; beyond its
+    largest n, extrapolated along its last two points), or a cost of n and the generated tokens in the
+    stage's cache before the step (`analysis.simulate.ContextCost` at the sample's prompt): its tokens
+    produced so far less those rollbacks removed."""
+    if not callable(cost):
+        return sum(profile_step_cost(cost, int(steps["fed"][i])) for i in rows)
+    cached, generated, removed = [], 0, steps.get("rollback_tokens") or [0] * len(steps["fed"])
+    for produced, rolled_back in zip(steps.get("produced") or [1] * len(steps["fed"]), removed):
+        generated = max(generated - int(rolled_back), 0)
+        cached.append(generated)
+        generated += int(produced)
+    return sum(cost(max(int(steps["fed"][i]), 1), cached[i]) for i in rows)
 
 
 def profile_step_cost(step_s: Sequence[float], n: int) -> float:

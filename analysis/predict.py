@@ -16,7 +16,8 @@ the same. This predictor prices seconds and adds what the paper leaves out:
 
 - per-stage step cost t_i(n) (a verification of n drafts costs more than a one-token step): a profile's
   measured table, or a run's fit t_i(n) = a_i + b_i n (`analysis.fit`) plus the stage's per-step overhead
-  (message handling between its own steps);
+  (message handling between its own steps); where the profile timed t(n) at two contexts, each step at its
+  own context, the prompt plus the stage's cached tokens (`stage_cost`, `simulate.ContextCost`);
 - CPU contention: a stage's step slows by (1 + s_i) per other stage computing at the same time, as
   processor sharing (the simulator's ``contention``);
 - the rate at which each drafter can supply drafts (a model drafter: one token per t(1); prompt lookup:
@@ -69,7 +70,7 @@ import numpy as np
 from analysis import fit
 from analysis import simulate as sim
 from analysis.fit import LOOKUP_COST_S, paper_tokens_per_s
-from analysis.profile import PairProfile, Profile, ProfileError, load_profile, mismatches
+from analysis.profile import PairProfile, Profile, ProfileError, StageProfile, load_profile, mismatches
 from pipespec.errors import ConfigError
 from pipespec.schedule import DEFAULT_MAX_LEAD, check_options
 
@@ -155,20 +156,27 @@ class StageModel:
     """One stage as the predictor plays it: decode step cost, kind, prefill cost, contention, supply, overhead."""
 
     name: str
-    cost: sim.StageCost | sim.TableCost  # t(n): one decode step feeding n tokens, computing alone
+    cost: sim.StageCost | sim.TableCost | sim.ContextCost  # t(n): one decode step feeding n tokens, computing alone
     kind: str = "model"  # "model", or "lookup" (prompt lookup: proposals cost ~0 and take no core)
     prefill_s_per_token: float = 0.0
     contention: float | None = 0.0  # slowdown per other model stage computing meanwhile; None: shares no core
     supply: float | None = None  # lookup: chance of a proposal after each commit (None: always)
     overhead_s: float = 0.0  # between two of its own steps: publishing, reading messages
 
-    def step_cost(self, with_overhead: bool = True) -> sim.StageCost | sim.TableCost:
+    def step_cost(self, with_overhead: bool = True) -> sim.StageCost | sim.TableCost | sim.ContextCost:
         """t(n) of one step, the per-step overhead included unless ``with_overhead`` is False."""
         if not with_overhead or not self.overhead_s:
             return self.cost
-        if isinstance(self.cost, sim.TableCost):
-            return sim.TableCost(tuple(t + self.overhead_s for t in self.cost.seconds))
-        return sim.StageCost(self.cost.fixed + self.overhead_s, self.cost.per_token)
+        return _plus(self.cost, self.overhead_s)
+
+
+def _plus(cost: sim.StageCost | sim.TableCost | sim.ContextCost, seconds: float):
+    """The cost with ``seconds`` added to every step."""
+    if isinstance(cost, sim.ContextCost):
+        return replace(cost, cost=_plus(cost.cost, seconds))
+    if isinstance(cost, sim.TableCost):
+        return sim.TableCost(tuple(t + seconds for t in cost.seconds))
+    return sim.StageCost(cost.fixed + seconds, cost.per_token)
 
 
 @dataclass(frozen=True)
@@ -214,6 +222,13 @@ class Hierarchy:
     def target(self) -> StageModel:
         return self.stages[-1]
 
+    def at_prompt(self, prompt_tokens: int | None) -> Hierarchy:
+        """The hierarchy for generations after ``prompt_tokens`` tokens of prompt: each step of a stage whose cost
+        grows with its context (`sim.ContextCost`) costs what that context costs (None: the measured one)."""
+        stages = tuple(replace(s, cost=s.cost.at_prompt(prompt_tokens)) if isinstance(s.cost, sim.ContextCost) else s
+                       for s in self.stages)  # fmt: skip
+        return replace(self, stages=stages)
+
     @property
     def stage_positions(self) -> tuple[int, ...]:
         return self.positions if self.positions is not None else tuple(range(len(self.stages)))
@@ -232,8 +247,8 @@ class Hierarchy:
                 played.append(StageModel(stage.name, sim.StageCost(LOOKUP_COST_S), "lookup", 0.0, None,
                                          pairs[position].proposal_rate))  # fmt: skip
                 continue
-            # measured t(n): not smooth on every CPU
-            played.append(StageModel(stage.name, sim.TableCost(stage.step_s_alone), "model", stage.prefill_s_per_token,
+            # measured t(n): not smooth on every CPU; and where measured, how it grows with the context
+            played.append(StageModel(stage.name, stage_cost(stage), "model", stage.prefill_s_per_token,
                                      _fit(profile, i).contention))  # fmt: skip
         accepting = [acceptance(p) for p in pairs]
         if tree_nodes:
@@ -264,6 +279,25 @@ class Hierarchy:
         stages = tuple(StageModel(name, sim.StageCost(t), contention=None)
                        for name, t in zip(names, measured.step_mean_s))  # fmt: skip
         return cls(stages, tuple(acceptance), seeds=tuple(seeds))
+
+
+def stage_cost(stage: StageProfile) -> sim.TableCost | sim.ContextCost:
+    """A profiled model stage's t(n): its measured table, with the growth per context token where the profile
+    measured t(n) at a second context (`StageProfile.context_slopes`)."""
+    table = sim.TableCost(stage.step_s_alone)
+    if not stage.context_slopes:
+        return table
+    sizes, slopes = zip(*stage.context_slopes)
+    return sim.ContextCost(table, stage.context_tokens, tuple(sizes), tuple(slopes))
+
+
+def sample_cost(stage: StageProfile, prompt_tokens: int | None) -> tuple[float, ...] | sim.ContextCost:
+    """What a sample's steps cost by the profile (`analysis.paired.speed_factor`): the stage's t(n) table, or
+    where the profile measured how it grows with the context, its cost after `prompt_tokens` of prompt."""
+    cost = stage_cost(stage)
+    if isinstance(cost, sim.ContextCost) and prompt_tokens is not None:
+        return cost.at_prompt(int(prompt_tokens))
+    return stage.step_s_alone
 
 
 def fitted_cost(cost: fit.CostFit, extra_fixed: float = 0.0) -> sim.StageCost:
@@ -373,7 +407,7 @@ def simulate_generation(hierarchy: Hierarchy, strategy: str, tokens: int, lookah
     """Seconds to decode ``tokens`` in one simulated generation, and the simulator's result (None for
     greedy: the target alone, t(1) per token)."""
     if strategy == "greedy":
-        return tokens * hierarchy.target.step_cost()(1), None
+        return sim.simulate_autoregressive(hierarchy.target.step_cost(), tokens).total_time, None
     costs = [s.step_cost(with_overhead=strategy != "sd" or i == 0) for i, s in enumerate(hierarchy.stages)]
     acceptance, supply = list(hierarchy.acceptance), [s.supply for s in hierarchy.stages]
     if strategy == "sd":
@@ -431,7 +465,8 @@ def predict(hierarchy: Hierarchy, strategy: str, new_tokens: Sequence[int], prom
     for index, (tokens, prompt) in enumerate(zip(new_tokens, prompts)):
         start = startup_s(hierarchy, strategy, lookahead, prompt)
         seeds = hierarchy.seeds[:1] if strategy == "greedy" else hierarchy.seeds  # greedy: no sampling
-        runs = [simulate_generation(hierarchy, strategy, tokens, lookahead, max_lead, seed + s + index,
+        played = hierarchy.at_prompt(None if prompt_tokens is None else prompt)
+        runs = [simulate_generation(played, strategy, tokens, lookahead, max_lead, seed + s + index,
                                     size_verification) for s in seeds]  # fmt: skip
         per_seed.append([time_s + start for time_s, _ in runs])
         seconds += statistics.mean(per_seed[-1])

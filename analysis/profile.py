@@ -42,6 +42,11 @@ class StageProfile:
     step_s_loaded: tuple[float, ...]  # t(n) while the other model stages run
     prefill_s_per_token: float
     identity: tuple[tuple[str, Any], ...] = ()  # what the stage is (IDENTITY_KEYS)
+    # how t(n) grows with the context a step attends to (`context_slopes`): the context step_s_alone was measured
+    # at, and per step size measured, the share of t(n) each further token of context adds; () in profiles
+    # measured before 2026-12-06 (their t(n) holds at every context)
+    context_tokens: int = 0
+    context_slopes: tuple[tuple[int, float], ...] = ()
 
     @property
     def model_free(self) -> bool:
@@ -161,7 +166,31 @@ def _stage(data: Any, i: int) -> StageProfile:
     if not alone or len(alone) != len(loaded) or min(alone) <= 0:
         raise ProfileError(f"{where}: step_s_alone and step_s_loaded need the same number (>= 1) of positive times")
     prefill = _number(data.get("prefill_s_per_token"), f"{where}.prefill_s_per_token")
-    return StageProfile(data["name"], kind, alone, loaded, prefill, identity)
+    return StageProfile(data["name"], kind, alone, loaded, prefill, identity,
+                        *context_slopes(data.get("context_costs"), f"{where}.context_costs"))  # fmt: skip
+
+
+def context_slopes(data: Any, where: str) -> tuple[int, tuple[tuple[int, float], ...]]:
+    """A stage's ``context_costs`` ({"tokens": [short, long], "sizes": [n...], "seconds": [[at short...], [at
+    long...]]}: t(n) at two contexts, measured side by side, `experiments.profiling.context_step_times`) as the
+    short context and, per size, the share of t(n) each token of context adds: (long / short - 1) / (long tokens
+    - short tokens), a ratio of times measured in the same minutes. Absent: (0, ())."""
+    if data is None:
+        return 0, ()
+    tokens, sizes, seconds = (data.get(k) if isinstance(data, dict) else None for k in ("tokens", "sizes", "seconds"))
+    if not (isinstance(tokens, list) and len(tokens) == 2 and all(isinstance(t, int) for t in tokens)
+            and 0 <= tokens[0] < tokens[1]):  # fmt: skip
+        raise ProfileError(f"{where}.tokens must be two context lengths, the shorter first")
+    if not (isinstance(sizes, list) and sizes and all(isinstance(n, int) and n >= 1 for n in sizes)
+            and sizes == sorted(set(sizes))):  # fmt: skip
+        raise ProfileError(f"{where}.sizes must be ascending step sizes >= 1")
+    if not (isinstance(seconds, list) and len(seconds) == 2):
+        raise ProfileError(f"{where}.seconds must hold the step times at both contexts")
+    short, long = (_numbers(row, f"{where}.seconds") for row in seconds)
+    if len(short) != len(sizes) or len(long) != len(sizes) or min(short + long) <= 0:
+        raise ProfileError(f"{where}.seconds needs one positive time per size at each context")
+    span = tokens[1] - tokens[0]
+    return tokens[0], tuple((n, (b / a - 1) / span) for n, a, b in zip(sizes, short, long))
 
 
 def _pair(data: Any, i: int) -> PairProfile:
@@ -429,6 +458,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fit = stage.cost_fit(model_stages - 1)
         print(f"  {stage.name}: t(1) {1000 * stage.step_s_alone[0]:.2f} ms, t(n) = {1000 * fit.fixed:.2f} + "
               f"{1000 * fit.per_token:.3f} n ms, contention {fit.contention:.2f} per other stage")  # fmt: skip
+        if stage.context_slopes:
+            grows = ", ".join(f"t({n}) +{100 * 100 * share:.1f}%" for n, share in stage.context_slopes)
+            print(f"    per 100 tokens of context beyond {stage.context_tokens}: {grows}")
     for pair in profile.pairs + tuple(p for _, _, p in profile.skip_pairs):
         print(f"  {pair.drafter} -> {pair.verifier}: acceptance by position {format_rates(pair)}; proposes "
               f"{pair.proposal_rate:.0%} of the time, {pair.mean_proposal_length:.1f} tokens")  # fmt: skip

@@ -10,10 +10,12 @@ rollback only touches the tokens that differ.
 Time model
 ----------
 Stage i (0 = smallest drafter, K = target) spends ``t_i(n) = fixed + per_token * n``
-seconds on a forward pass over n input tokens (``StageCost``). The input of a
-step is the stage's own tokens not yet in its KV cache (at least one; usually
-its last own token) plus the drafts it verifies, so a plain one-token step
-costs t_i(1) and verifying n drafts costs t_i(n + 1). Prefill is not modelled.
+seconds on a forward pass over n input tokens (``StageCost``; ``TableCost``: a measured
+table). The input of a step is the stage's own tokens not yet in its KV cache (at least
+one; usually its last own token) plus the drafts it verifies, so a plain one-token step
+costs t_i(1) and verifying n drafts costs t_i(n + 1). A ``ContextCost`` adds the cost of
+the context the step attends to: the prompt plus the stage's cached tokens. Prefill is
+not modelled.
 
 Acceptance model (i.i.d. assumption)
 ------------------------------------
@@ -77,7 +79,7 @@ from __future__ import annotations
 import heapq
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 import numpy as np
@@ -92,6 +94,8 @@ from pipespec.schedule import (
 
 __all__ = [
     "StageCost",
+    "TableCost",
+    "ContextCost",
     "Sampler",
     "Bernoulli",
     "Replay",
@@ -361,8 +365,50 @@ class TableCost:
         return step_cost(self.seconds, max(int(round(n_tokens)), 1))
 
 
-def _as_cost(spec: StageCost | TableCost | float | tuple[float, float]) -> StageCost | TableCost:
-    if isinstance(spec, (StageCost, TableCost)):
+MIN_CONTEXT_SHARE = 0.5  # a step with less context than its cost was measured at costs at least this share of it
+
+
+@dataclass(frozen=True)
+class ContextCost:
+    """A step cost that grows with the context the step attends to: ``cost(n)`` was measured with
+    ``base_tokens`` tokens in the KV cache; each token of context beyond them adds the share ``slope(n)`` of
+    it (fewer take it off, down to ``MIN_CONTEXT_SHARE`` of the cost). A share, not seconds, so that it holds
+    at whatever speed the machine runs. ``slopes`` were measured at ``slope_sizes`` (ascending) and are
+    interpolated linearly in n, the end values beyond them. ``prompt_tokens``: the context of a generation's
+    first decode step (a step after g cached generated tokens attends to prompt_tokens + g); None: every step
+    costs ``cost(n)``."""
+
+    cost: StageCost | TableCost
+    base_tokens: int
+    slope_sizes: tuple[int, ...]
+    slopes: tuple[float, ...]
+    prompt_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        sizes, slopes = self.slope_sizes, self.slopes
+        if not sizes or len(sizes) != len(slopes) or list(sizes) != sorted(set(sizes)) or min(sizes) < 1:
+            raise ValueError(f"slope_sizes must be ascending sizes >= 1, one per slope, got {sizes!r} / {slopes!r}")
+        if not all(math.isfinite(s) for s in slopes) or self.base_tokens < 0:
+            raise ValueError(f"slopes must be finite and base_tokens >= 0, got {slopes!r} / {self.base_tokens!r}")
+
+    def slope(self, n_tokens: int) -> float:
+        """The share of its cost each token of context adds to a step feeding ``n_tokens``."""
+        return float(np.interp(n_tokens, self.slope_sizes, self.slopes))
+
+    def at_prompt(self, prompt_tokens: int | None) -> "ContextCost":
+        return replace(self, prompt_tokens=prompt_tokens)
+
+    def __call__(self, n_tokens: int, generated: int = 0) -> float:
+        base = self.cost(n_tokens)
+        if self.prompt_tokens is None:
+            return base
+        share = self.slope(n_tokens) * (self.prompt_tokens + generated - self.base_tokens)
+        return base * max(1.0 + share, MIN_CONTEXT_SHARE)
+
+
+def _as_cost(spec: StageCost | TableCost | ContextCost | float | tuple[float, float]
+             ) -> StageCost | TableCost | ContextCost:
+    if isinstance(spec, (StageCost, TableCost, ContextCost)):
         return spec
     if isinstance(spec, numbers.Real):
         return StageCost(float(spec))  # a plain number is a fixed step time
@@ -490,13 +536,15 @@ class _Tokens:
 # --------------------------------------------------------------------------- autoregressive
 
 
-def simulate_autoregressive(cost: StageCost | float, max_new_tokens: int) -> SimResult:
-    """Plain greedy decoding by one model: max_new_tokens steps of t(1) each (exactly 1 / t(1) tokens/s)."""
+def simulate_autoregressive(cost: StageCost | TableCost | ContextCost | float, max_new_tokens: int) -> SimResult:
+    """Plain greedy decoding by one model: max_new_tokens steps of t(1) each (exactly 1 / t(1) tokens/s; a
+    `ContextCost`'s steps each at their own context)."""
     cost = _as_cost(cost)
     n = _check_int(max_new_tokens, "max_new_tokens", 1)
+    total = math.fsum(cost(1, g) for g in range(n)) if isinstance(cost, ContextCost) else n * cost(1)
     return SimResult(
         strategy="autoregressive",
-        total_time=n * cost(1),
+        total_time=total,
         tokens_generated=n,
         committed_tokens=n,
         steps=(n,),
@@ -531,11 +579,14 @@ def _step_clock(costs: Sequence[StageCost | RecordedSteps]):
     """duration(stage, tokens fed) for each new step, drawing recorded durations in order."""
     used = [0] * len(costs)
 
-    def duration(i: int, fed: int) -> float:
+    def duration(i: int, fed: int, generated: int = 0) -> float:
+        """``generated``: the stage's generated tokens already in its KV cache (a `ContextCost` counts them)."""
         cost = costs[i]
         if isinstance(cost, RecordedSteps):
             used[i] += 1
             return cost.durations[(used[i] - 1) % len(cost.durations)]
+        if isinstance(cost, ContextCost):
+            return cost(max(fed, 1), generated)
         return cost(max(fed, 1))  # every forward pass feeds at least one token
 
     return duration
@@ -761,7 +812,7 @@ class SimulatedStage:
         self.step_start = now
         sampler = self.acceptance
         fed = sampler.fed(len(drafts), len(self.buffer)) if isinstance(sampler, _TreeSampler) else len(drafts)
-        self.step_end = now + simulation.step_time(self.index, len(self.buffer) - self.cached + fed)
+        self.step_end = now + simulation.step_time(self.index, len(self.buffer) - self.cached + fed, self.cached)
         self.step_drafts = drafts
         if simulation.contention is not None:
             self.work_left = self.step_end - now  # scheduled by share_cores once everyone's state is known

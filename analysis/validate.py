@@ -79,8 +79,8 @@ import numpy as np
 
 from analysis.paired import (REFERENCE, PairedSpeedup, Sample, log_ratios, overlapping, paired_speedups, speed_factor,
                              sweep_samples)  # fmt: skip
-from analysis.predict import Prediction, paper_profile_counts, predict_profile
-from analysis.profile import Profile, ProfileError, load_profile, mismatches
+from analysis.predict import Prediction, paper_profile_counts, predict_profile, sample_cost
+from analysis.profile import Profile, ProfileError, StageProfile, load_profile, mismatches
 from analysis.rundir import CONFIG, is_run_dir, read_config, stage_stats
 from analysis.runs import ResultsError, Run, find_runs, load_run
 from pipespec.errors import ConfigError
@@ -655,11 +655,12 @@ def sweep_overlap(profile: Profile, sweep: SweepRuns) -> tuple[str, ...]:
     return tuple(sorted({s.prompt for s in sweep.samples} & seen))
 
 
-def speed_factors(run: Run, step_s: Sequence[float]) -> list[float]:
-    """Per sample, the run's target steps' seconds over the profile's t(n) for them (`paired.speed_factor`)."""
+def speed_factors(run: Run, stage: StageProfile) -> list[float]:
+    """Per sample, the run's target steps' seconds over the profile's for them (`paired.speed_factor`), each at
+    its own context where the profile measured how the cost grows with it (`predict.sample_cost`)."""
     found = []
-    for _, stages in run.iter_traces():
-        factor = speed_factor(stages[-1].steps, step_s)
+    for sample, stages in run.iter_traces():
+        factor = speed_factor(stages[-1].steps, sample_cost(stage, sample.get("prompt_tokens")))
         if factor is not None:
             found.append(factor)
     return found
@@ -726,7 +727,7 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
     by_repetition: dict[int, list[dict]] = {}
     for record in run.samples:
         by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
-    own = speed_factors(run, profile.stages[-1].step_s_alone)
+    own = speed_factors(run, profile.stages[-1])
     return SweepRecord(
         configuration=name, strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
         stages=prediction.stages, prompts=measured.prompts, repetitions=measured.repetitions,
@@ -751,7 +752,7 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
     """Every predictable configuration of the sweep against the profile, the rankings and the floors."""
     check_hierarchy(profile, sweep)
     greedy_run = sweep.runs[REFERENCE]
-    factors = speed_factors(greedy_run, profile.stages[-1].step_s_alone)
+    factors = speed_factors(greedy_run, profile.stages[-1])
     if not factors:
         raise ResultsError(f"{sweep.path / REFERENCE}: its traces have no decode steps to gauge the machine's speed")
     greedy = predict_run(profile, greedy_run)

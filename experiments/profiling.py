@@ -6,7 +6,11 @@
   more to emulate its verifications), the two conditions in alternating sweeps (the other
   stages paused between steps, then running) so that the machine's drift cannot pass for contention,
   half the sweeps before acceptance is measured and half after (a slow spell of the machine, minutes
-  long here, falls on part of them), and the prefill cost per prompt token;
+  long here, falls on part of them), and the prefill cost per prompt token; and t(n) at a second, longer
+  context (`context_extra` more tokens, at `CONTEXT_SIZES`, alternating with the first context in the same
+  sweeps), so that a step's cost follows the context it attends to (prompts differ in length, and every
+  generated token adds to it: an 8-token step of SmolLM2-135M int8 took 33.2 ms after 277 tokens of
+  context and 40.7 ms after 661 on the development machine);
 - per drafter/verifier pair (adjacent pairs in `pairs`; every drafter with every later verifier
   in `skip_pairs`, for hierarchies that leave a stage out), along the target's greedy continuation of
   each prompt: at every position, how many drafts in a row the verifier keeps from there (`runs`; a model
@@ -69,18 +73,21 @@ class ProfileOptions:
     # tokens the target feeds a step while it runs in the background of the other stages' loaded t(n) (the
     # others feed one): 1 as in every committed profile; N > 1 emulates its verifications of N - 1 drafts
     verify_fed: int = 1
+    # tokens added to the first prompt for t(n) at a longer context (`context_step_times`; 0: not measured)
+    context_extra: int = 384
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            minimum = 0 if name == "handoff_tokens" else 1
+            minimum = 0 if name in ("handoff_tokens", "context_extra") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ConfigError(f"profile.{name} must be an integer >= {minimum}, got {value!r}")
 
 
 # the short profile `auto` measures when it has none (experiments.auto): a minute at most for SmolLM2.
 # Acceptance takes most of it (4 prompts x 32 tokens: 2 x 24 left some pairs with a dozen drafts); the
-# handoff is not measured (a pipeline's start, about 10 s, for about 1 ms a hop here): predicted with none.
-SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=4, continuation=32, draft_k=6, handoff_tokens=0)
+# handoff is not measured (a pipeline's start, about 10 s, for about 1 ms a hop here): predicted with none;
+# nor is t(n) at a longer context (about 30 s for two SmolLM2 stages): its t(n) holds at every context.
+SHORT_OPTIONS = ProfileOptions(max_fed=8, repeats=4, continuation=32, draft_k=6, handoff_tokens=0, context_extra=0)
 SHORT_PROMPTS = 4
 # with its step costs in the cost cache (`cached_costs`), the short profile spends the same minute on
 # acceptance alone: twice the prompts (the cost sweep took about half of it)
@@ -123,6 +130,58 @@ def loaded_step_times(runner, context: Sequence[int], max_fed: int, repeats: int
                                    before=lambda key: background.run_only(others if key == "loaded" else ()))
     background.run_only(())
     return times
+
+
+CONTEXT_SIZES = (1, 2, 4, 8, 16, 32)  # the step sizes t(n) is measured at at both contexts (up to max_fed)
+MIN_CONTEXT_EXTRA = 32  # fewer further tokens than this fit the model's positions: the context is not measured
+
+
+def longer_context(prompts: Sequence[Sequence[int]], extra: int, limit: int | None) -> list[int] | None:
+    """The first prompt followed by `extra` more tokens of the others (cycled), so that a step after it attends
+    to real text; fewer where the model's `limit` positions end first, None where under `MIN_CONTEXT_EXTRA` fit."""
+    if limit is not None:
+        extra = min(extra, limit - len(prompts[0]) - max(CONTEXT_SIZES))
+    pool = [t for p in (prompts[1:] or prompts) for t in p]
+    if extra < MIN_CONTEXT_EXTRA or not pool:
+        return None
+    return list(prompts[0]) + [pool[i % len(pool)] for i in range(extra)]
+
+
+def context_step_times(runner, contexts: Sequence[Sequence[int]], sizes: Sequence[int], repeats: int) -> dict:
+    """t(n) at each of two `contexts` (the shorter first), their sweeps alternating (one then the other, then
+    the reverse): the entry `analysis.profile.context_slopes` reads, {"tokens": the KV cache's length during
+    the steps, "sizes", "seconds": medians per context and size}. Each sweep reads its context first (untimed)."""
+    times = [[[] for _ in sizes] for _ in contexts]
+    for sweep in range(repeats):
+        for c in (0, 1) if sweep % 2 == 0 else (1, 0):
+            context = list(contexts[c])
+            filler = [context[-1]] * max(sizes)
+            runner.start()
+            runner.forward(context, [])
+            for position, n in enumerate(sizes):
+                runner.truncate(len(context) - 1)
+                started = time.perf_counter()
+                runner.forward(context, filler[: n - 1])
+                times[c][position].append(time.perf_counter() - started)
+    return {"tokens": [len(c) - 1 for c in contexts], "sizes": list(sizes),
+            "seconds": [[statistics.median(t) for t in row] for row in times]}  # fmt: skip
+
+
+def measure_context_costs(specs: Sequence[StageSpec], stages: list[dict], runners: dict, measured: Sequence[int],
+                          ids: Sequence[Sequence[int]], options: ProfileOptions, log=print) -> None:  # fmt: skip
+    """Each `measured` stage's t(n) at the first prompt and at a longer context (`longer_context`), into its
+    `stages` entry as ``context_costs``, alone (nothing else computing)."""
+    from pipespec.models import context_length
+
+    sizes = [n for n in CONTEXT_SIZES if n <= options.max_fed]
+    for i in measured if options.context_extra else ():
+        spec = specs[i]
+        longer = longer_context(ids, options.context_extra, context_length(spec.model) if spec.model else None)
+        if longer is None:
+            log(f"profile: {stages[i]['name']}: too few positions for t(n) at a longer context; not measured")
+            continue
+        log(f"profile: {stages[i]['name']}: t(n) at {len(ids[0])} and {len(longer)} tokens of context")
+        stages[i]["context_costs"] = context_step_times(runners[i], [ids[0], longer], sizes, options.repeats)
 
 
 def prefill_s_per_token(runner, prompts: Sequence[Sequence[int]]) -> float:
@@ -373,7 +432,7 @@ def handoff_s(specs: Sequence[StageSpec], prompt: Sequence[int], tokens: int) ->
 # ---- the whole profile --------------------------------------------------------------------------------
 
 
-COST_KEYS = ("step_s_alone", "step_s_loaded", "prefill_s_per_token")  # what `costs_from` reuses per stage
+COST_KEYS = ("step_s_alone", "step_s_loaded", "prefill_s_per_token", "context_costs")  # what `costs_from` reuses
 
 
 def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tuple[list[dict], float | None]:
@@ -406,7 +465,7 @@ def reused_costs(costs_from: dict, entries: Sequence[dict], machine: dict) -> tu
 
 
 COSTS_FORMAT = "pipespec-step-costs"
-COST_OPTIONS = ("max_fed", "repeats", "verify_fed")  # the options a cost sweep is measured with
+COST_OPTIONS = ("max_fed", "repeats", "verify_fed", "context_extra")  # the options a cost sweep is measured with
 
 
 def cost_key(specs: Sequence[StageSpec], options: ProfileOptions) -> dict:
@@ -572,6 +631,7 @@ def measure_with_models(specs: Sequence[StageSpec], stages: list[dict], drafters
         pairs, skip_pairs = measure_acceptance(stages, drafters, runners, ids, options, log)
         if options.repeats // 2:
             sweep_stages(timed, names, context, options.max_fed, options.repeats // 2, background, times, log)
+        measure_context_costs(specs, stages, runners, measured, ids, options, log)
     for i in measured:
         stages[i].update(step_cost_entry(times[i], background is not None))
     return pairs, skip_pairs

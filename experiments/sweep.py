@@ -125,12 +125,12 @@ class Sweep:
     """The run directories of one sweep and the loop that fills them."""
 
     def __init__(self, cfg: Mapping[str, Any], out_dir: Path, configurations: list[Configuration], pipe,
-                 prompts: list, profile_step_s: Sequence[float] | None = None):  # fmt: skip
+                 prompts: list, profile_target=None):  # fmt: skip
         from experiments.machine import environment
         from experiments.runner import open_store
 
         self.cfg, self.out_dir, self.configurations, self.pipe, self.prompts = cfg, out_dir, configurations, pipe, prompts
-        self.profile_step_s = profile_step_s
+        self.profile_target = profile_target  # the profile's target stage (`analysis.profile.StageProfile`), or None
         self.forget = bool(cfg["forget_outputs"]) and any(s.kind == "suffix" for s in pipe.specs)
         if cfg["resume"]:
             check_same_configurations(out_dir, [c.name for c in configurations])
@@ -171,10 +171,12 @@ class Sweep:
         record["sample_id"] = f"{sample.sample_id}@r{repetition}"
         record["index"] = repetition * len(self.prompts) + index
         record["slot"] = {"prompt": str(sample.sample_id), "repetition": repetition}
-        if self.profile_step_s is not None:
+        if self.profile_target is not None:
             from analysis.paired import speed_factor
+            from analysis.predict import sample_cost
 
-            record["speed_factor"] = speed_factor(result.stage_traces[-1].steps, self.profile_step_s)
+            cost = sample_cost(self.profile_target, len(ids))
+            record["speed_factor"] = speed_factor(result.stage_traces[-1].steps, cost)
         trace = {"sample_id": record["sample_id"], "index": record["index"],
                  "stages": [t.to_dict() for t in result.stage_traces]}  # fmt: skip
         self.stores[configuration.name].append(record, trace)
@@ -223,8 +225,8 @@ def _as_dict(speedup) -> dict:
     return asdict(speedup)
 
 
-def profile_target_costs(path: str | None, specs) -> list[float] | None:
-    """The target's t(n) alone from a profile of this hierarchy (None without a profile)."""
+def profile_target(path: str | None, specs):
+    """The target stage of a profile of this hierarchy (`analysis.profile.StageProfile`; None without a profile)."""
     if path is None:
         return None
     from analysis.profile import ProfileError, load_profile
@@ -235,7 +237,7 @@ def profile_target_costs(path: str | None, specs) -> list[float] | None:
         raise ConfigError(f"profile: {error}") from None
     if len(profile.stages) != len(specs):
         raise ConfigError(f"profile {path} has {len(profile.stages)} stages, this hierarchy {len(specs)}")
-    return list(profile.stages[-1].step_s_alone)
+    return profile.stages[-1]
 
 
 def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
@@ -249,10 +251,10 @@ def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
     specs = resolve_stages(cfg["models"]["stages"])
     configurations = check_configurations(cfg["configurations"], [s.kind for s in specs], [s.label for s in specs],
                                           specs[0].tree_nodes)  # fmt: skip
-    step_s = profile_target_costs(cfg.get("profile"), specs)
+    target = profile_target(cfg.get("profile"), specs)
     pipe = Pipeline(specs, stall_timeout_s=cfg["stall_timeout_s"], start_timeout_s=cfg["start_timeout_s"])
     prompts = sweep_prompts(cfg, pipe.tokenizer, pipe.context_length)
-    sweep = Sweep(cfg, Path(out_dir), configurations, pipe, prompts, step_s)
+    sweep = Sweep(cfg, Path(out_dir), configurations, pipe, prompts, target)
     slots = sweep.slots()
     with pipe:
         if slots:

@@ -71,3 +71,18 @@ def test_the_speed_factor_compares_a_samples_steps_with_the_profiles_t_n():
     profile = [0.1, 0.2, 0.3]  # t(5) extrapolated: 0.3 + 0.1 * 2 = 0.5
     assert speed_factor(steps, profile) == pytest.approx((0.2 + 0.4 + 0.5) / (0.1 + 0.2 + 0.5))
     assert speed_factor(steps, []) is None
+
+
+def test_the_speed_factor_charges_each_step_its_own_context_where_the_cost_grows_with_it():
+    """A cost of n and the generated tokens in the stage's cache: its tokens produced so far less those the
+    rollbacks before the step removed (1 after the prefill, 4, then 6 less 2 rolled back)."""
+    steps = {"t_start": [0.0, 1.0, 2.0, 3.0], "t_end": [0.9, 1.2, 2.4, 3.5], "fed": [30, 1, 2, 5],
+             "produced": [1, 3, 2, 1], "rollback_tokens": [0, 0, 0, 2]}
+    seen = []
+
+    def cost(n, generated):
+        seen.append((n, generated))
+        return 0.1 * n + 0.01 * generated
+
+    assert speed_factor(steps, cost) == pytest.approx((0.2 + 0.4 + 0.5) / (0.11 + 0.24 + 0.54))
+    assert seen == [(1, 1), (2, 4), (5, 4)]

@@ -41,14 +41,22 @@ def test_profile_holds_what_prediction_needs(tiny_profile):
     # a short profile: 75 s on a 2-core machine in an hour that ran SmolLM2 1.8x slower than its quiet speed
     assert profile.handoff_s > 0 and raw["duration_s"] < 150
     assert pf.mismatches(profile) == []  # measured here
+    # t(n) at a second, longer context, at the sizes up to max_fed: the seconds each token of context adds
+    for entry, stage in zip(raw["stages"], profile.stages):
+        short, long = entry["context_costs"]["tokens"]
+        assert short == raw["prompt_tokens"][0] - 1 and long > short + 32
+        assert entry["context_costs"]["sizes"] == [1, 2, 4]  # CONTEXT_SIZES up to max_fed
+        assert stage.context_tokens == short and [n for n, _ in stage.context_slopes] == [1, 2, 4]
 
 
 def test_predict_every_strategy(tiny_profile):
     profile = pf.load_profile(tiny_profile)
     greedy = pr.predict_profile(profile, "greedy")
-    # the target alone: its measured t(1) per token, and reading the (mean) prompt once
+    # the target alone: its measured t(1) per token at each token's context, and reading the (mean) prompt once
     target, prompt = profile.stages[-1], round(sum(profile.prompt_tokens) / len(profile.prompt_tokens))
-    seconds = 128 * target.step_s_alone[0] + prompt * target.prefill_s_per_token
+    t1, per_token = target.step_s_alone[0], dict(target.context_slopes)[1]
+    steps = sum(t1 * max(1 + per_token * (prompt + g - target.context_tokens), 0.5) for g in range(128))
+    seconds = steps + prompt * target.prefill_s_per_token
     assert greedy.predicted_tokens_per_s == pytest.approx(128 / seconds)
     for strategy, lookahead in (("sd", 3), ("pipespec", 0), ("pipespec", 2)):
         p = pr.predict_profile(profile, strategy, lookahead)
@@ -180,6 +188,34 @@ def test_one_model_stage_is_timed_alone_half_before_acceptance_and_half_after():
     timing = [i for i, line in enumerate(said) if line.endswith("t(n)")]
     acceptance = [i for i, line in enumerate(said) if "acceptance" in line]
     assert len(timing) == 2 and timing[0] < acceptance[0] <= acceptance[-1] < timing[1]
+
+
+def test_a_longer_context_continues_with_the_other_prompts_within_the_model_s_positions():
+    from experiments.profiling import CONTEXT_SIZES, longer_context
+
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    assert longer_context(prompts, 40, None) == [1, 2, 3] + [4, 5, 6] * 13 + [4]
+    assert len(longer_context(prompts, 400, 100)) == 100 - max(CONTEXT_SIZES)  # room for the largest step
+    assert longer_context(prompts, 400, 3 + 31 + max(CONTEXT_SIZES)) is None  # fewer than 32 more: not measured
+    assert longer_context([[7, 8]], 40, None) == [7, 8] + [7, 8] * 20  # one prompt: itself again
+
+
+def test_a_profile_s_context_costs_give_the_share_a_token_of_context_adds_or_one_error_line(tiny_profile):
+    raw = json.loads(tiny_profile.read_text())
+    entry = {"tokens": [100, 300], "sizes": [1, 4], "seconds": [[0.010, 0.020], [0.012, 0.030]]}
+    stages = [{**raw["stages"][0], "context_costs": entry}, raw["stages"][1]]
+    profile = pf.parse_profile({**raw, "stages": stages})
+    assert profile.stages[0].context_tokens == 100
+    sizes, slopes = zip(*profile.stages[0].context_slopes)  # the share of t(n) a token of context adds
+    assert sizes == (1, 4) and slopes == pytest.approx((0.2 / 200, 0.5 / 200))
+    old = pf.parse_profile({**raw, "stages": [{k: v for k, v in s.items() if k != "context_costs"} for s in stages]})
+    assert old.stages[0].context_slopes == () and isinstance(pr.stage_cost(old.stages[0]), sim.TableCost)
+    cost = pr.stage_cost(profile.stages[0])
+    assert isinstance(cost, sim.ContextCost) and cost.at_prompt(300)(4) == pytest.approx(cost(4) * 1.5)
+    for bad, names in (({**entry, "tokens": [300, 100]}, "tokens"), ({**entry, "sizes": [4, 1]}, "sizes"),
+                       ({**entry, "seconds": [[0.01], [0.02]]}, "seconds"), ([1, 2], "tokens")):
+        with pytest.raises(pf.ProfileError, match=f"stages\\[0\\].context_costs.{names}"):
+            pf.parse_profile({**raw, "stages": [{**stages[0], "context_costs": bad}, stages[1]]})
 
 
 def test_acceptance_by_position_sampler():

@@ -50,6 +50,29 @@ def test_autoregressive_is_exactly_one_over_t1():
     assert result.tokens_generated == 123 and result.steps == (123,)
 
 
+def test_a_context_cost_follows_the_context_each_step_attends_to():
+    """t(n) measured at 100 tokens of context, each further token adding 1% of it per step fed (1% for one-token
+    steps, 3% for three, interpolated between the sizes measured): the greedy run's steps each cost their own
+    context's, and a pipeline after a longer prompt takes longer; without a prompt every step costs the
+    table's."""
+    table = sim.TableCost((0.10, 0.12, 0.13, 0.14))
+    cost = sim.ContextCost(table, base_tokens=100, slope_sizes=(1, 3), slopes=(0.01, 0.03))
+    assert cost(1) == 0.10 and cost.slope(2) == pytest.approx(0.02) and cost.slope(9) == pytest.approx(0.03)
+    at_120 = cost.at_prompt(120)
+    assert at_120(1) == pytest.approx(0.12) and at_120(2, generated=10) == pytest.approx(0.12 * (1 + 30 * 0.02))
+    assert cost.at_prompt(0)(4) == pytest.approx(0.07)  # less context: cheaper, down to half the measured cost
+    greedy = sim.simulate_autoregressive(at_120, 50)
+    assert greedy.total_time == pytest.approx(sum(0.10 * (1 + 0.01 * (20 + g)) for g in range(50)))
+    assert sim.simulate_autoregressive(cost, 50).total_time == pytest.approx(50 * 0.10)
+    drafter = sim.ContextCost(sim.TableCost((0.01,)), 100, (1,), (0.01,))
+    times = {prompt: sim.simulate_pipespec([drafter.at_prompt(prompt), cost.at_prompt(prompt)], [0.7], 64,
+                                           seed=3).total_time for prompt in (100, 400)}  # fmt: skip
+    plain = sim.simulate_pipespec([drafter, cost], [0.7], 64, seed=3).total_time
+    assert times[100] > plain and times[400] > 1.5 * times[100]
+    with pytest.raises(ValueError, match="slope_sizes"):
+        sim.ContextCost(table, 100, (3, 1), (0.0, 0.0))
+
+
 # --------------------------------------------------------------------------- synchronous SD
 
 

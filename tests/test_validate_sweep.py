@@ -97,10 +97,15 @@ def _target_counts(records: list[dict]) -> tuple[float | None, float, float]:
     return length, sum(t["steps"] for t in target) / sum(r["new_tokens"] for r in records), verify / (verify + single)
 
 
-def _speed_factor(trace: dict, step_s: list[float]) -> float:
+def _greedy_speed_factor(trace: dict, target: pf.StageProfile, prompt_tokens: int) -> float:
+    """A greedy sample's target steps over the profile's t(1), each at its own context: the prompt and the i
+    tokens generated before step i (each token beyond the first prompt's adds the context slope's share)."""
     steps = trace["stages"][-1]["steps"]
     rows = range(1, len(steps["fed"]))
-    return sum(steps["t_end"][i] - steps["t_start"][i] for i in rows) / sum(step_s[steps["fed"][i] - 1] for i in rows)
+    assert all(steps["fed"][i] == 1 for i in rows)
+    t1, per_token = target.step_s_alone[0], dict(target.context_slopes)[1]
+    profile = sum(t1 * max(1 + per_token * (prompt_tokens + i - target.context_tokens), 0.5) for i in rows)
+    return sum(steps["t_end"][i] - steps["t_start"][i] for i in rows) / profile
 
 
 def test_the_speedups_are_the_paired_ones_and_the_predicted_ones_the_profiles(tiny_profile, swept, report):
@@ -155,10 +160,11 @@ def test_the_counts_are_the_runs_pooled_stage_statistics(tiny_profile, swept, re
 
 def test_tokens_per_s_at_the_machines_speed_and_the_schedule(tiny_profile, swept, report):
     profile = pf.load_profile(tiny_profile)
-    step_s = list(profile.stages[-1].step_s_alone)
     greedy_dir = swept / "greedy"
-    factors = [_speed_factor(json.loads(gzip.decompress(path.read_bytes())), step_s)
-               for path in sorted((greedy_dir / "traces").glob("*.json.gz"))]  # fmt: skip
+    prompts = {r["index"]: r["prompt_tokens"] for r in _records(greedy_dir)}
+    traces = [json.loads(gzip.decompress(path.read_bytes()))
+              for path in sorted((greedy_dir / "traces").glob("*.json.gz"))]  # fmt: skip
+    factors = [_greedy_speed_factor(trace, profile.stages[-1], prompts[trace["index"]]) for trace in traces]
     machine = statistics.median(factors)
     for record in report["records"]:
         samples = _records(swept / record["configuration"])
