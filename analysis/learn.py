@@ -91,12 +91,12 @@ class Observed:
         return observed
 
     def _add_costs(self, stage: int, columns: Mapping[str, Sequence], step_s: Sequence[float]) -> None:
-        from analysis.paired import profile_step_cost
+        from analysis.paired import profile_seconds
 
         rows = range(1, len(columns["fed"]))  # the first step reads the prompt
         self.measured_s[stage] = self.measured_s.get(stage, 0.0) + sum(
             columns["t_end"][i] - columns["t_start"][i] for i in rows)  # fmt: skip
-        predicted = sum(profile_step_cost(step_s, int(columns["fed"][i])) for i in rows)
+        predicted = profile_seconds(columns, step_s, rows)
         self.profile_s[stage] = self.profile_s.get(stage, 0.0) + predicted
 
     def speed(self, stage: int) -> float | None:

@@ -148,23 +148,14 @@ def longer_context(prompts: Sequence[Sequence[int]], extra: int, limit: int | No
 
 
 def context_step_times(runner, contexts: Sequence[Sequence[int]], sizes: Sequence[int], repeats: int) -> dict:
-    """t(n) at each of two `contexts` (the shorter first), their sweeps alternating (one then the other, then
-    the reverse): the entry `analysis.profile.context_slopes` reads, {"tokens": the KV cache's length during
-    the steps, "sizes", "seconds": medians per context and size}. Each sweep reads its context first (untimed)."""
-    times = [[[] for _ in sizes] for _ in contexts]
-    for sweep in range(repeats):
-        for c in (0, 1) if sweep % 2 == 0 else (1, 0):
-            context = list(contexts[c])
-            filler = [context[-1]] * max(sizes)
-            runner.start()
-            runner.forward(context, [])
-            for position, n in enumerate(sizes):
-                runner.truncate(len(context) - 1)
-                started = time.perf_counter()
-                runner.forward(context, filler[: n - 1])
-                times[c][position].append(time.perf_counter() - started)
+    """t(n) at each of two `contexts` (the shorter first), in alternating sweeps (`interleaved_step_times`,
+    the one t(n) sweep): the entry `analysis.profile.context_slopes` reads, {"tokens": the KV cache's length
+    during the steps, "sizes", "seconds": medians per context and size}."""
+    keys = ("short", "long")
+    times = interleaved_step_times(dict.fromkeys(keys, runner), dict(zip(keys, contexts)), max(sizes), repeats,
+                                   sizes=sizes)  # fmt: skip
     return {"tokens": [len(c) - 1 for c in contexts], "sizes": list(sizes),
-            "seconds": [[statistics.median(t) for t in row] for row in times]}  # fmt: skip
+            "seconds": [medians(times[k]) for k in keys]}  # fmt: skip
 
 
 def measure_context_costs(specs: Sequence[StageSpec], stages: list[dict], runners: dict, measured: Sequence[int],
@@ -173,8 +164,10 @@ def measure_context_costs(specs: Sequence[StageSpec], stages: list[dict], runner
     `stages` entry as ``context_costs``, alone (nothing else computing)."""
     from pipespec.models import context_length
 
+    if not options.context_extra:
+        return
     sizes = [n for n in CONTEXT_SIZES if n <= options.max_fed]
-    for i in measured if options.context_extra else ():
+    for i in measured:
         spec = specs[i]
         longer = longer_context(ids, options.context_extra, context_length(spec.model) if spec.model else None)
         if longer is None:

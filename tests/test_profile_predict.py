@@ -200,6 +200,38 @@ def test_a_longer_context_continues_with_the_other_prompts_within_the_model_s_po
     assert longer_context([[7, 8]], 40, None) == [7, 8] + [7, 8] * 20  # one prompt: itself again
 
 
+def test_one_runner_is_timed_at_two_contexts_in_alternating_sweeps_each_after_its_own():
+    """`context_step_times` through the one t(n) sweep: each step follows its own context, the cache reads a
+    context again only where the other one's is in it, and the first sweep of each is a warm-up."""
+    from experiments.profiling import context_step_times
+
+    class Recording:
+        def __init__(self):
+            self.cache, self.reads, self.steps = [], [], []
+
+        def start(self):
+            self.cache = []
+
+        def truncate(self, n):
+            self.cache = self.cache[:n]
+
+        def forward(self, sequence, candidates):
+            if not self.cache:
+                self.reads.append(len(sequence))
+            else:
+                assert self.cache == list(sequence[: len(self.cache)])  # the step follows its own context
+                self.steps.append((len(sequence), 1 + len(candidates)))
+            self.cache = list(sequence) + list(candidates)
+
+    runner = Recording()
+    entry = context_step_times(runner, [list(range(10)), list(range(30))], [1, 4], repeats=2)
+    assert entry["tokens"] == [9, 29] and entry["sizes"] == [1, 4] and len(entry["seconds"]) == 2
+    # sweeps short, long (warm-up), long, short, short, long: a read before each switch of context
+    assert runner.reads == [10, 30, 10, 30, 10, 30]
+    assert [length for length, _ in runner.steps[::2]] == [10, 30, 30, 10, 10, 30]
+    assert all(n in (1, 4) for _, n in runner.steps) and len(runner.steps) == 12
+
+
 def test_a_profile_s_context_costs_give_the_share_a_token_of_context_adds_or_one_error_line(tiny_profile):
     raw = json.loads(tiny_profile.read_text())
     entry = {"tokens": [100, 300], "sizes": [1, 4], "seconds": [[0.010, 0.020], [0.012, 0.030]]}
