@@ -269,6 +269,15 @@ class StageRequest:
             message = Drafts(self.job.request, list(self.out), more_coming, self.commits_received, dists, tree)
             self.transport.send(self.downstream_rank, message)
 
+    def target_keeps_waiting(self) -> bool:
+        """The next stage is the target and would wait on whatever this stage drafted so far
+        (`schedule.target_keeps_waiting`): this stage tells it when it stops or holds enough."""
+        if self.downstream_index is None:
+            return False
+        target, generated = self.job.roles[self.downstream_index], len(self.out)
+        lead = generated - self.downstream_committed
+        return schedule.target_keeps_waiting(target, generated, lead, self.job.max_new_tokens)
+
     # ---- scheduling -------------------------------------------------------
     def lead_confidence(self) -> float:
         """This stage's own probability that every token beyond the next stage's last commit survives."""
@@ -441,7 +450,8 @@ class StageRequest:
             self.step(kind, payload)
             steps += 1
             self.maybe_inject_fault(steps)
-            self.publish(more_coming=True)
+            if not self.target_keeps_waiting():
+                self.publish(more_coming=True)
             if schedule.commits_after_step(self.role, kind):
                 self.commit_upstream()
         self.trace.end_time = time.perf_counter()

@@ -131,6 +131,26 @@ def test_same_state_same_view_same_action():
     assert checked == {schedule.STEP, schedule.WAIT, schedule.IDLE, schedule.FINISH}  # every branch was reached
 
 
+@pytest.mark.parametrize("strategy, lookahead", [("sd", 1), ("sd", 4), ("pipespec", 0), ("pipespec", 3)])
+def test_a_drafter_keeps_its_drafts_to_itself_only_while_the_target_would_wait_for_more(strategy, lookahead):
+    """Whatever the target holds (its last commit, or more when a commit is still on its way to the drafter),
+    a drafter that does not tell it of its drafts leaves it waiting: the message changes nothing. sd's drafter
+    keeps them until it stops; pipespec's until it holds `lookahead` beyond the commit."""
+    budget, target = 10, schedule.roles(strategy, 2, lookahead, 8)[-1]
+    kept = []
+    for generated in range(budget + 1):
+        for committed in range(generated + 1):
+            if not schedule.target_keeps_waiting(target, generated, generated - committed, budget):
+                continue
+            kept.append((generated, committed))
+            for holds in range(committed, generated + 1):  # what the target may hold by now
+                offered = min(generated - holds, max(budget - holds - 1, 0))  # buffers.offered_drafts' cut
+                view = schedule.stage_view(target, holds, 0, offered, True, budget)
+                assert schedule.next_action(target, view).kind == schedule.WAIT, (generated, committed, holds)
+    lead = lookahead if strategy == "pipespec" else budget - 1  # kept while the drafts are fewer than this
+    assert kept == [(g, c) for g in range(budget - 1) for c in range(g + 1) if g - c < lead]
+
+
 # --------------------------------------------------------------------------- verification sized by t(n)
 
 
