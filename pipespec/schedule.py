@@ -161,10 +161,11 @@ def drafts_wanted(role: Role, room: int) -> int:
 
 def target_keeps_waiting(target: Role, generated: int, lead: int, budget: int) -> bool:
     """Whether the target, the next stage of a drafter that holds `generated` tokens, `lead` of them beyond the
-    target's last commit, still waits for drafts (`next_action`'s WAIT) once it hears of them: then the drafter
-    drafts on without telling it (a message the target would only wake up for, sd's lookahead times a round).
-    The target never rolls back and commits every step, so it holds at least the committed tokens: it is offered
-    at most `lead` drafts, and fewer than `drafts_wanted` (its room - 1) while `generated` < budget - 1."""
+    target's last commit, still waits for drafts (`next_action`'s WAIT) once it hears of them, or is offered
+    none: then the drafter drafts on without telling it (a message the target would only wake up for, sd's
+    lookahead times a round). The target never rolls back and commits every step, so it holds at least the
+    committed tokens: it is offered at most `lead` drafts, and fewer than `drafts_wanted` (its room - 1) while
+    `generated` < budget - 1; holding its own token beyond them, it is offered none."""
     if not target.is_target or target.takes_drafts or generated >= budget - 1:
         return False
     return target.min_lead is None or lead < target.min_lead
