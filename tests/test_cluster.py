@@ -204,29 +204,37 @@ def test_collect_gives_the_basic_launchers_table_timings_aside(submitit_sweep, b
 # ---- a job killed mid-run --------------------------------------------------------------------
 
 
-def wait_for_samples(run_dir: Path, count: int, process: subprocess.Popen, timeout: float = 400) -> None:
-    samples = run_dir / "samples.jsonl"
+def wait_until(found, process: subprocess.Popen, what: str, timeout: float = 400):
+    """`found()`'s first truthy value, asked every 0.05 s while the sweep runs; fails naming `what` when the sweep
+    ends or `timeout` seconds pass first."""
     deadline = time.monotonic() + timeout
-    while not samples.exists() or len(samples.read_text().splitlines()) < count:
-        assert process.poll() is None, f"the sweep ended before {run_dir.name} had {count} samples"
-        assert time.monotonic() < deadline, f"{run_dir.name} did not reach {count} samples"
+    while not (value := found()):
+        assert process.poll() is None, f"the sweep ended before {what}"
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
         time.sleep(0.05)
+    return value
 
 
-def job_writing(root: psutil.Process, run_dir: Path, process: subprocess.Popen, timeout: float = 400) -> psutil.Process:
+def wait_for_samples(run_dir: Path, count: int, process: subprocess.Popen) -> None:
+    samples = run_dir / "samples.jsonl"
+    wait_until(lambda: samples.exists() and len(samples.read_text().splitlines()) >= count, process,
+               f"{run_dir.name} had {count} samples")  # fmt: skip
+
+
+def job_writing(root: psutil.Process, run_dir: Path, process: subprocess.Popen) -> psutil.Process:
     """The job process whose Hydra log is in `run_dir` (a job keeps its run.log open while it runs), found as soon
     as it starts, so that finding it takes none of the time between two of its samples."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def writing_job() -> psutil.Process | None:
         for job in job_processes(root):
             try:
                 if any(Path(f.path).resolve().parent == run_dir.resolve() for f in job.open_files()):
                     return job
             except psutil.Error:  # a job that has just ended
                 continue
-        assert process.poll() is None, f"the sweep ended before a job opened a file in {run_dir.name}"
-        assert time.monotonic() < deadline, f"no job process opened a file in {run_dir}"
-        time.sleep(0.05)
+        return None
+
+    return wait_until(writing_job, process, f"a job process opened a file in {run_dir.name}")
 
 
 def alive(process: psutil.Process) -> bool:
