@@ -21,6 +21,7 @@ they come from (`experiments.sweep` writes them, one run directory per configura
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import sys
@@ -174,18 +175,25 @@ def speed_factor(steps: Mapping[str, Sequence], step_s: Sequence[float] | Callab
 
 def profile_seconds(steps: Mapping[str, Sequence], cost: Sequence[float] | Callable[[int, int], float],
                     rows: Sequence[int]) -> float:  # fmt: skip
-    """The profile's seconds for the `rows` of a stage's trace: `cost` a t(n) table (n = tokens fed; beyond its
+    """The profile's seconds for the `rows` of a stage's trace (`profile_step_seconds`)."""
+    seconds = profile_step_seconds(steps, cost)
+    return sum(seconds[i] for i in rows)
+
+
+def profile_step_seconds(steps: Mapping[str, Sequence], cost: Sequence[float] | Callable[[int, int], float]
+                         ) -> list[float]:  # fmt: skip
+    """The profile's seconds for each step of a stage's trace: `cost` a t(n) table (n = tokens fed; beyond its
     largest n, extrapolated along its last two points), or a cost of n and the generated tokens in the
     stage's cache before the step (`analysis.simulate.ContextCost` at the sample's prompt): its tokens
     produced so far less those rollbacks removed."""
     if not callable(cost):
-        return sum(profile_step_cost(cost, int(steps["fed"][i])) for i in rows)
+        return [profile_step_cost(cost, int(fed)) for fed in steps["fed"]]
     cached, generated, removed = [], 0, steps.get("rollback_tokens") or [0] * len(steps["fed"])
     for produced, rolled_back in zip(steps.get("produced") or [1] * len(steps["fed"]), removed):
         generated = max(generated - int(rolled_back), 0)
         cached.append(generated)
         generated += int(produced)
-    return sum(cost(max(int(steps["fed"][i]), 1), cached[i]) for i in rows)
+    return [cost(max(int(fed), 1), context) for fed, context in zip(steps["fed"], cached)]
 
 
 def profile_step_cost(step_s: Sequence[float], n: int) -> float:
@@ -193,6 +201,30 @@ def profile_step_cost(step_s: Sequence[float], n: int) -> float:
         return float(step_s[max(n, 1) - 1])
     slope = step_s[-1] - step_s[-2] if len(step_s) > 1 else 0.0
     return float(step_s[-1] + slope * (n - len(step_s)))
+
+
+FOLLOWS, AFTER_WAIT, BESIDE = "follows its own step", "after a wait", "beside another stage"
+STEP_CONDITIONS = (FOLLOWS, AFTER_WAIT, BESIDE)
+BACK_TO_BACK_S = 0.002  # a step that starts within this of the stage's previous one follows it
+
+
+def step_conditions(steps: Mapping[str, Sequence], others: Iterable[Mapping[str, Sequence]]) -> list[str | None]:
+    """What came before each step of a stage's trace, given the traces of the other stages of the sample:
+    BESIDE where other stages' model steps (fed > 0) ran through more than half of it, else AFTER_WAIT where it
+    started more than `BACK_TO_BACK_S` after the stage's previous step ended, else FOLLOWS. None for the first
+    step (the prompt's prefill)."""
+    busy = sorted((a, b) for o in others for a, b, fed in zip(o["t_start"], o["t_end"], o["fed"]) if fed)
+    starts, longest = [a for a, _ in busy], max((b - a for a, b in busy), default=0.0)
+    found: list[str | None] = [None]
+    for i in range(1, len(steps["fed"])):
+        start, end = steps["t_start"][i], steps["t_end"][i]
+        near = busy[bisect.bisect_left(starts, start - longest):bisect.bisect_left(starts, end)]
+        shared = sum(max(0.0, min(end, b) - max(start, a)) for a, b in near)
+        if shared > 0.5 * (end - start):
+            found.append(BESIDE)
+        else:
+            found.append(AFTER_WAIT if start - steps["t_end"][i - 1] > BACK_TO_BACK_S else FOLLOWS)
+    return found
 
 
 def partial_stages(strategy: str, stages: Sequence[int] | None, stage_count: int) -> list[int] | None:

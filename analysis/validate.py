@@ -22,6 +22,8 @@ from the profile (`predict_run`) at its mean new tokens and prompt tokens:
   what the counts leave of its error is the schedule's (target steps per second);
 - the ranking (`Ranking`): Spearman between predicted and measured speedups, and the regret of the top pick
   (1 - its measured speedup / the best measured);
+- each model stage's steps by what came before them (`step_factors`: after its own step, after a wait, beside
+  another stage), their seconds over the profile's t(n): where the schedule's error comes from;
 
 each beside the sweep's own noise floor (`sweep_figures`): half the repetitions interval of each speedup,
 each count's and tokens/s' spread over the repetitions (`repetition_spread`), the regret among the
@@ -77,7 +79,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from analysis.paired import (REFERENCE, PairedSpeedup, Sample, log_ratios, overlapping, paired_speedups, speed_factor,
+from analysis.paired import (REFERENCE, STEP_CONDITIONS, PairedSpeedup, Sample, log_ratios, overlapping, paired_speedups,
+                             profile_step_seconds, speed_factor, step_conditions,
                              sweep_samples)  # fmt: skip
 from analysis.predict import Prediction, paper_profile_counts, predict_profile, sample_cost
 from analysis.profile import Profile, ProfileError, StageProfile, load_profile, mismatches
@@ -454,6 +457,9 @@ class SweepRecord:
     schedule_error: float | None  # what the counts leave of at_speed_error: seconds per target step
     speedup_floor: float | None  # the measurement interval's relative half-width
     tokens_per_s_floor: float | None  # spread of the run's tokens/s over the repetitions
+    # each model stage's steps by what came before them and their size (`step_factors`): (stage, condition, size,
+    # their median speed factor over the machine's speed, how many); () in reports written before it
+    step_factors: tuple[tuple[str, str, str, float, int], ...] = ()
 
     @property
     def is_reference(self) -> bool:
@@ -666,6 +672,29 @@ def speed_factors(run: Run, stage: StageProfile) -> list[float]:
     return found
 
 
+STEP_SIZES = ("n = 1", "n >= 2")
+
+
+def step_factors(run: Run, profile: Profile) -> dict[tuple[str, str, str], list[float]]:
+    """Per (model stage, what came before the step, its size), each of the run's steps of that stage: its seconds
+    over the profile's for it (`paired.step_conditions`: after its own step, after a wait, beside another
+    stage; `STEP_SIZES`)."""
+    positions = run_stages(profile, run) or ()
+    found: dict[tuple[str, str, str], list[float]] = {}
+    for sample, stages in run.iter_traces():
+        for position, trace in zip(positions, stages):
+            stage = profile.stages[position]
+            if stage.model_free:
+                continue
+            steps = trace.steps
+            predicted = profile_step_seconds(steps, sample_cost(stage, sample.get("prompt_tokens")))
+            for i, condition in enumerate(step_conditions(steps, [s.steps for s in stages if s is not trace])):
+                if condition is not None and predicted[i] > 0:
+                    key = (stage.name, condition, STEP_SIZES[int(steps["fed"][i]) > 1])
+                    found.setdefault(key, []).append((steps["t_end"][i] - steps["t_start"][i]) / predicted[i])
+    return found
+
+
 def count_values(records: Sequence[Mapping], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
     """The timing-free counts of samples (`analysis.rundir.stage_stats`, pooled): per verifier (every stage
     after the first) its mean acceptance length, bonus included; the target's steps per generated token and
@@ -728,6 +757,7 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
     for record in run.samples:
         by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
     own = speed_factors(run, profile.stages[-1])
+    by_condition = step_factors(run, profile)
     return SweepRecord(
         configuration=name, strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
         stages=prediction.stages, prompts=measured.prompts, repetitions=measured.repetitions,
@@ -745,6 +775,8 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
         speedup_floor=relative_half_width(measured.measurement_interval, measured.speedup)
         if measured.repetitions > 1 and name != REFERENCE else None,
         tokens_per_s_floor=repetition_spread([tokens_per_s(group) for _, group in sorted(by_repetition.items())]),
+        step_factors=tuple((*key, statistics.median(factors) / machine_speed, len(factors))
+                           for key, factors in by_condition.items()),
     )  # fmt: skip
 
 
@@ -902,6 +934,21 @@ def _speed_lines(records: Sequence[SweepRecord]) -> list[str]:
     return lines
 
 
+def _step_lines(records: Sequence[SweepRecord]) -> list[str]:
+    """Each model stage's steps by what came before them: where the schedule's error comes from."""
+    columns = [(c, n) for c in STEP_CONDITIONS for n in STEP_SIZES]
+    lines = ["each model stage's steps by what came before them (their median seconds over the profile's t(n), over "
+             "the greedy runs' median: 1.00 = as fast, against the profile, as greedy's; how many)",
+             f"  {'configuration':<22}{'stage':<18}" + "".join(f"{f'{c}, {n}':>{len(c) + 12}}" for c, n in columns)]
+    for r in records:
+        stages = list(dict.fromkeys(stage for stage, *_ in r.step_factors))
+        for stage in stages:
+            cells = {(c, n): f"{factor:.2f} ({count})" for s, c, n, factor, count in r.step_factors if s == stage}
+            lines.append(f"  {r.configuration:<22}{stage:<18}" + "".join(
+                f"{cells.get(key, '-'):>{len(key[0]) + 12}}" for key in columns))
+    return lines
+
+
 def _ranking_line(model: str, rank: Ranking, best: str) -> str:
     return (f"  {model}: Spearman {_num(rank.spearman, '.2f')}; top pick {rank.top_pick} (measured "
             f"{rank.top_pick_measured:.3f}, the best measured {best}): regret {100 * rank.regret:.1f}%")
@@ -948,6 +995,7 @@ def report_figures(report: SweepReport) -> dict:
 def format_sweep_report(report: SweepReport) -> str:
     lines = _title(report) + [""] + _speedup_lines(report.records) + [""]
     lines += _count_lines([r for r in report.records if r.counts]) + [""] + _speed_lines(report.records) + [""]
+    lines += _step_lines(report.records) + [""]
     lines += ["ranking over the configurations (greedy included):", _ranking_line("ours", report.ours,
               report.measured_best), _ranking_line("paper", report.paper, report.measured_best),
               f"  the sweep against itself: Spearman between repetitions {_num(report.repetition_spearman, '.2f')}; "
@@ -968,7 +1016,9 @@ def read_sweep_report(raw: dict, path: str) -> SweepReport:
     """A sweep report from its `--json` object; a `ConfigError` naming `path` if it is not one."""
     try:
         records = tuple(SweepRecord(**{**r, "counts": tuple(CountCheck(**c) for c in r["counts"]),
-                                       "stages": tuple(r["stages"])}) for r in raw["records"])  # fmt: skip
+                                       "stages": tuple(r["stages"]),
+                                       "step_factors": tuple(tuple(f) for f in r.get("step_factors", ()))})
+                        for r in raw["records"])  # fmt: skip
         fields = {k: raw[k] for k in SweepReport.__dataclass_fields__ if k in raw}
         return SweepReport(**{**fields, "records": records, "ours": Ranking(**raw["ours"]),
                               "paper": Ranking(**raw["paper"]), "prompts": tuple(raw["prompts"]),

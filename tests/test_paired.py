@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.paired import Sample, overlapping, paired_speedups, rotation, speed_factor
+from analysis.paired import (AFTER_WAIT, BESIDE, FOLLOWS, Sample, overlapping, paired_speedups, rotation, speed_factor,
+                             step_conditions)
 
 
 def test_the_rotation_puts_every_item_in_every_position_equally_often():
@@ -85,4 +86,16 @@ def test_the_speed_factor_charges_each_step_its_own_context_where_the_cost_grows
         return 0.1 * n + 0.01 * generated
 
     assert speed_factor(steps, cost) == pytest.approx((0.2 + 0.4 + 0.5) / (0.11 + 0.24 + 0.54))
-    assert seen == [(1, 1), (2, 4), (5, 4)]
+    assert seen[-3:] == [(1, 1), (2, 4), (5, 4)]  # after the prefill's own row
+
+
+def test_each_step_is_told_by_what_came_before_it():
+    """After the prefill: a step that starts right after the stage's previous one follows it; one that starts
+    later came after a wait; one that another stage's model steps ran through for more than half is beside
+    it, whatever came before (a model-free stage's steps, fed 0, take no core)."""
+    steps = {"t_start": [0.0, 1.0, 1.5005, 3.0, 4.0, 5.0], "t_end": [1.0, 1.5, 2.0, 3.5, 4.5, 5.5],
+             "fed": [30, 1, 2, 2, 3, 1]}
+    drafter = {"t_start": [2.1, 3.1, 4.0], "t_end": [2.9, 3.45, 4.2], "fed": [1, 1, 1]}
+    lookup = {"t_start": [4.9], "t_end": [5.6], "fed": [0]}
+    assert step_conditions(steps, [drafter, lookup]) == [None, FOLLOWS, FOLLOWS, BESIDE, AFTER_WAIT, AFTER_WAIT]
+    assert step_conditions(steps, []) == [None, FOLLOWS, FOLLOWS, AFTER_WAIT, AFTER_WAIT, AFTER_WAIT]

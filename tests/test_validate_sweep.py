@@ -19,6 +19,7 @@ import pytest
 import yaml
 from scipy.stats import spearmanr
 
+from analysis import paired as pa
 from analysis import predict as pr
 from analysis import profile as pf
 from analysis import validate as va
@@ -183,6 +184,33 @@ def test_tokens_per_s_at_the_machines_speed_and_the_schedule(tiny_profile, swept
     assert report["error_kinds"]["machine_speed"][0] == pytest.approx(abs(machine - 1))
 
 
+def test_each_stage_s_steps_by_what_came_before_them(tiny_profile, swept, report):
+    """Greedy's target steps (one token each, nothing beside them) against the profile's t(1) at their context,
+    told apart by the gap before them, over the machine's speed; every stage of sd's and pipespec's runs."""
+    profile = pf.load_profile(tiny_profile)
+    target = profile.stages[-1]
+    t1, per_token = target.step_s_alone[0], dict(target.context_slopes)[1]
+    greedy_dir = swept / "greedy"
+    prompts = {r["index"]: r["prompt_tokens"] for r in _records(greedy_dir)}
+    by_gap: dict[str, list[float]] = {}
+    for path in sorted((greedy_dir / "traces").glob("*.json.gz")):
+        trace = json.loads(gzip.decompress(path.read_bytes()))
+        steps = trace["stages"][-1]["steps"]
+        for i in range(1, len(steps["fed"])):
+            cost = t1 * max(1 + per_token * (prompts[trace["index"]] + i - target.context_tokens), 0.5)
+            kind = "after a wait" if steps["t_start"][i] - steps["t_end"][i - 1] > 0.002 else "follows its own step"
+            by_gap.setdefault(kind, []).append((steps["t_end"][i] - steps["t_start"][i]) / cost)
+    records = {r["configuration"]: r for r in report["records"]}
+    greedy = records["greedy"]
+    expected = {(target.name, kind, "n = 1"): (statistics.median(f) / greedy["machine_speed"], len(f))
+                for kind, f in by_gap.items()}
+    assert {tuple(row[:3]): (pytest.approx(row[3]), row[4]) for row in greedy["step_factors"]} == expected
+    for name, record in records.items():
+        if name != "greedy":
+            assert {row[0] for row in record["step_factors"]} == {s.name for s in profile.stages}, name
+            assert all(row[1] in pa.STEP_CONDITIONS and row[2] in va.STEP_SIZES for row in record["step_factors"])
+
+
 def test_the_ranking_and_the_targets(report, swept):
     records = report["records"]
     names = [r["configuration"] for r in records]
@@ -216,7 +244,8 @@ def test_the_text_report_puts_the_floor_beside_the_errors(tiny_profile, swept):
     assert "held out: none of its 2 prompts" in text and "IN-SAMPLE" not in text
     for part in ("speedup over greedy", "timing-free counts", "tokens/s at the machine's speed", "ranking over",
                  "targets (held out", "speedup, median |error|", "Spearman (predicted vs measured speedups)",
-                 "error kinds, median / largest |error|: machine speed"):
+                 "error kinds, median / largest |error|: machine speed",
+                 "each model stage's steps by what came before them"):
         assert part in text, part
     assert ("floor above a third of its target (this sweep cannot show it)" in text
             or "every known floor is below a third of its target" in text)  # fmt: skip
