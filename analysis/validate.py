@@ -689,7 +689,7 @@ def step_factors(run: Run, profile: Profile) -> dict[tuple[str, str, str], list[
             steps = trace.steps
             predicted = profile_step_seconds(steps, sample_cost(stage, sample.get("prompt_tokens")))
             for i, condition in enumerate(step_conditions(steps, [s.steps for s in stages if s is not trace])):
-                if condition is not None and predicted[i] > 0:
+                if condition is not None and int(steps["fed"][i]) > 0 and predicted[i] > 0:  # fed 0: passed on
                     key = (stage.name, condition, STEP_SIZES[int(steps["fed"][i]) > 1])
                     found.setdefault(key, []).append((steps["t_end"][i] - steps["t_start"][i]) / predicted[i])
     return found
