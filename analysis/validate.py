@@ -22,7 +22,7 @@ from the profile (`predict_run`) at its mean new tokens and prompt tokens:
   what the counts leave of its error is the schedule's (target steps per second);
 - the ranking (`Ranking`): Spearman between predicted and measured speedups, and the regret of the top pick
   (1 - its measured speedup / the best measured);
-- each model stage's steps by what came before them (`step_factors`: after its own step, after a wait, beside
+- each model stage's steps by what came before them (`speed_factors`: after its own step, after a wait, beside
   another stage), their seconds over the profile's t(n): where the schedule's error comes from;
 
 each beside the sweep's own noise floor (`sweep_figures`): half the repetitions interval of each speedup,
@@ -457,7 +457,7 @@ class SweepRecord:
     schedule_error: float | None  # what the counts leave of at_speed_error: seconds per target step
     speedup_floor: float | None  # the measurement interval's relative half-width
     tokens_per_s_floor: float | None  # spread of the run's tokens/s over the repetitions
-    # each model stage's steps by what came before them and their size (`step_factors`): (stage, condition, size,
+    # each model stage's steps by what came before them and their size (`speed_factors`): (stage, condition, size,
     # their median speed factor over the machine's speed, how many); () in reports written before it
     step_factors: tuple[tuple[str, str, str, float, int], ...] = ()
 
@@ -661,27 +661,22 @@ def sweep_overlap(profile: Profile, sweep: SweepRuns) -> tuple[str, ...]:
     return tuple(sorted({s.prompt for s in sweep.samples} & seen))
 
 
-def speed_factors(run: Run, stage: StageProfile) -> list[float]:
-    """Per sample, the run's target steps' seconds over the profile's for them (`paired.speed_factor`), each at
-    its own context where the profile measured how the cost grows with it (`predict.sample_cost`)."""
-    found = []
-    for sample, stages in run.iter_traces():
-        factor = speed_factor(stages[-1].steps, sample_cost(stage, sample.get("prompt_tokens")))
-        if factor is not None:
-            found.append(factor)
-    return found
-
-
 STEP_SIZES = ("n = 1", "n >= 2")
 
 
-def step_factors(run: Run, profile: Profile) -> dict[tuple[str, str, str], list[float]]:
-    """Per (model stage, what came before the step, its size), each of the run's steps of that stage: its seconds
-    over the profile's for it (`paired.step_conditions`: after its own step, after a wait, beside another
-    stage; `STEP_SIZES`)."""
+def speed_factors(run: Run, profile: Profile) -> tuple[list[float], dict[tuple[str, str, str], list[float]]]:
+    """One pass over the run's traces, each step priced at its own context where the profile measured how the
+    cost grows with it (`predict.sample_cost`): per sample, its target's steps' seconds over the profile's for
+    them (`paired.speed_factor`); and per (model stage, what came before the step, its size), each step of that
+    stage: its seconds over the profile's for it (`paired.step_conditions`: after its own step, after a wait,
+    beside another stage; `STEP_SIZES`)."""
     positions = run_stages(profile, run) or ()
-    found: dict[tuple[str, str, str], list[float]] = {}
+    per_sample: list[float] = []
+    per_step: dict[tuple[str, str, str], list[float]] = {}
     for sample, stages in run.iter_traces():
+        factor = speed_factor(stages[-1].steps, sample_cost(profile.stages[-1], sample.get("prompt_tokens")))
+        if factor is not None:
+            per_sample.append(factor)
         for position, trace in zip(positions, stages):
             stage = profile.stages[position]
             if stage.model_free:
@@ -691,8 +686,8 @@ def step_factors(run: Run, profile: Profile) -> dict[tuple[str, str, str], list[
             for i, condition in enumerate(step_conditions(steps, [s.steps for s in stages if s is not trace])):
                 if condition is not None and int(steps["fed"][i]) > 0 and predicted[i] > 0:  # fed 0: passed on
                     key = (stage.name, condition, STEP_SIZES[int(steps["fed"][i]) > 1])
-                    found.setdefault(key, []).append((steps["t_end"][i] - steps["t_start"][i]) / predicted[i])
-    return found
+                    per_step.setdefault(key, []).append((steps["t_end"][i] - steps["t_start"][i]) / predicted[i])
+    return per_sample, per_step
 
 
 def count_values(records: Sequence[Mapping], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
@@ -756,8 +751,7 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
     by_repetition: dict[int, list[dict]] = {}
     for record in run.samples:
         by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
-    own = speed_factors(run, profile.stages[-1])
-    by_condition = step_factors(run, profile)
+    own, by_condition = speed_factors(run, profile)
     return SweepRecord(
         configuration=name, strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
         stages=prediction.stages, prompts=measured.prompts, repetitions=measured.repetitions,
@@ -784,7 +778,7 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
     """Every predictable configuration of the sweep against the profile, the rankings and the floors."""
     check_hierarchy(profile, sweep)
     greedy_run = sweep.runs[REFERENCE]
-    factors = speed_factors(greedy_run, profile.stages[-1])
+    factors = speed_factors(greedy_run, profile)[0]
     if not factors:
         raise ResultsError(f"{sweep.path / REFERENCE}: its traces have no decode steps to gauge the machine's speed")
     greedy = predict_run(profile, greedy_run)
