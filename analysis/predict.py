@@ -351,9 +351,9 @@ class Prediction:
     seconds: float  # predicted time, summed over samples
     startup_s: float  # of which start-up (prefill, dispatch)
     tokens_per_target_step: float  # pooled over the simulated generations (greedy: 1)
-    verify_fraction: float  # target: verifications / steps, mean over the simulated generations (greedy: 0)
+    verify_fraction: float  # target: verifications / steps, pooled (greedy: 0)
     offered_per_verify: float | None  # target: drafts offered per verification, pooled (None: it never verified)
-    mean_acceptance_length: float | None  # target: tokens per verification, bonus included (None: idem)
+    mean_acceptance_length: float | None  # target: tokens per verification, bonus included, pooled (None: idem)
     busy_fraction: tuple[float, ...]  # per stage run: busy share, mean over the simulated generations
     paper_predicted_tokens_per_s: float | None = None  # the paper's model beside (`predict_profile`)
     # per verifier (every stage after the first): tokens per verification, bonus included, pooled over the
@@ -508,7 +508,9 @@ def prompt_interval(hierarchy: Hierarchy, seed: int, per_seed: Sequence[Sequence
 
 def _prediction(hierarchy: Hierarchy, strategy: str, lookahead: int, max_lead: int, tokens: int, seconds: float,
                 startup: float, results: Sequence[sim.SimResult]) -> Prediction:  # fmt: skip
-    """What the simulated generations saw of the target, pooled or averaged over them."""
+    """What the simulated generations saw of the target, pooled over them as a run's stage statistics pool its
+    samples (every step and verification counts once; a mean of per-generation ratios would weigh a short
+    generation's few steps as much as a long one's many); the stages' busy shares averaged."""
     names, positions = tuple(s.name for s in hierarchy.stages), hierarchy.stage_positions
     if strategy == "greedy":
         return Prediction(strategy, lookahead, max_lead, names[-1:], positions[-1:], tokens, seconds, startup,
@@ -516,15 +518,16 @@ def _prediction(hierarchy: Hierarchy, strategy: str, lookahead: int, max_lead: i
     steps = sum(r.target_steps for r in results)
     verifications = sum(len(r.offered_counts[-1]) for r in results)
     offered = sum(sum(r.offered_counts[-1]) for r in results)
+    lengths = tuple(_pooled_length([r.accepted_counts[pair] for r in results])
+                    for pair in range(len(hierarchy.stages) - 1))  # fmt: skip
     return Prediction(
         strategy, lookahead, max_lead, names, positions, tokens, seconds, startup,
         sum(r.committed_tokens for r in results) / steps if steps else math.nan,
-        statistics.mean(r.verify_fraction[-1] for r in results),
+        verifications / steps if steps else math.nan,
         offered / verifications if verifications else None,
-        _finite_mean([r.accepted_per_verify[-1] for r in results]),  # None: the target never verified
+        lengths[-1],  # None: the target never verified
         tuple(statistics.mean(column) for column in zip(*(r.busy_fraction for r in results))),
-        acceptance_lengths=tuple(_pooled_length([r.accepted_counts[pair] for r in results])
-                                 for pair in range(len(hierarchy.stages) - 1)),
+        acceptance_lengths=lengths,
     )  # fmt: skip
 
 
@@ -532,11 +535,6 @@ def _pooled_length(counts: Sequence[Sequence[int]]) -> float | None:
     """Tokens per verification (own token included) over every verification of the generations."""
     verifications = sum(len(c) for c in counts)
     return sum(sum(c) for c in counts) / verifications if verifications else None
-
-
-def _finite_mean(values: Sequence[float]) -> float | None:
-    finite = [v for v in values if v == v]  # nan where a run had no verification
-    return statistics.mean(finite) if finite else None
 
 
 # --------------------------------------------------------------------------- from a profile

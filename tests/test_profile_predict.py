@@ -574,3 +574,24 @@ def test_validate_separates_in_sample_runs_and_names_mismatches(tiny_profile, tm
     done = subprocess.run([sys.executable, "-m", "analysis.validate", str(other), str(held_out)], env=ENV,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0 and "warning:" in done.stderr and "cpu: profile 'Some Other CPU'" in done.stderr
+
+
+def test_a_prediction_pools_the_target_s_counts_over_its_generations_as_a_run_pools_its_samples():
+    """The verification fraction and mean acceptance length are ratios of counts summed over every simulated
+    generation (as `pipespec.stats.pool` sums a run's samples), not means of each generation's ratio."""
+    stages = (pr.StageModel("lookup", sim.StageCost(1e-4), "lookup", contention=None, supply=0.5),
+              pr.StageModel("target", sim.StageCost(0.01, 0.001)))  # fmt: skip
+    # generations alternate between a text the drafter proposes 8 good drafts everywhere and one where it
+    # proposes nothing: few steps nearly all verifying, then many one-token steps
+    along = sim.AlongContinuations(((8,) * 64, (0,) * 64), (0.5,) * 8, proposed=((8,) * 64, (0,) * 64))
+    hierarchy = pr.Hierarchy(stages, (along,), seeds=tuple(range(12)))
+    for strategy, lookahead in (("pipespec", 1), ("sd", 4)):
+        prediction = pr.predict(hierarchy, strategy, [40], lookahead=lookahead, max_lead=8)
+        results = [pr.simulate_generation(hierarchy, strategy, 40, lookahead, 8, seed)[1] for seed in range(12)]
+        verifications = [len(r.offered_counts[-1]) for r in results]
+        steps = [r.target_steps for r in results]
+        assert prediction.verify_fraction == pytest.approx(sum(verifications) / sum(steps))
+        assert prediction.mean_acceptance_length == pytest.approx(
+            sum(sum(r.accepted_counts[-1]) for r in results) / sum(verifications))
+        per_generation = sum(v / s for v, s in zip(verifications, steps)) / len(results)
+        assert per_generation > 2 * prediction.verify_fraction  # the generations differ: the two differ
