@@ -227,6 +227,18 @@ def step_conditions(steps: Mapping[str, Sequence], others: Iterable[Mapping[str,
     return found
 
 
+def decoding_busy(steps: Mapping[str, Sequence], target: Mapping[str, Sequence]) -> tuple[float, float]:
+    """A stage's seconds computing while the target decodes, and the target's decoding time: from the end of the
+    target's first step (its prompt's prefill) to the end of its last, as the simulator's clock runs; the stage's
+    own first step (its prefill) left out, its other steps clipped to that span. (0, 0) for a target that took
+    no decode step."""
+    if len(target["t_end"]) < 2:
+        return 0.0, 0.0
+    start, end = target["t_end"][0], target["t_end"][-1]
+    busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in zip(steps["t_start"][1:], steps["t_end"][1:]))
+    return busy, end - start
+
+
 def partial_stages(strategy: str, stages: Sequence[int] | None, stage_count: int) -> list[int] | None:
     """A configuration's `stages` as a sweep entry keeps them: the positions where it runs on some of the
     hierarchy's `stage_count` stages; None where it runs on all of them (or none given) or is greedy (the

@@ -79,8 +79,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from analysis.paired import (REFERENCE, STEP_CONDITIONS, PairedSpeedup, Sample, log_ratios, overlapping, paired_speedups,
-                             profile_step_seconds, speed_factor, step_conditions,
+from analysis.paired import (REFERENCE, STEP_CONDITIONS, PairedSpeedup, Sample, decoding_busy, log_ratios, overlapping,
+                             paired_speedups, profile_step_seconds, speed_factor, step_conditions,
                              sweep_samples)  # fmt: skip
 from analysis.predict import Prediction, paper_profile_counts, predict_profile, sample_cost
 from analysis.profile import Profile, ProfileError, StageProfile, load_profile, mismatches
@@ -460,6 +460,9 @@ class SweepRecord:
     # each model stage's steps by what came before them and their size (`speed_factors`): (stage, condition, size,
     # their median speed factor over the machine's speed, how many); () in reports written before it
     step_factors: tuple[tuple[str, str, str, float, int], ...] = ()
+    # each model stage's busy share while the target decodes (`speed_factors`): (stage, measured, the simulation's);
+    # () in reports written before it
+    busy: tuple[tuple[str, float, float | None], ...] = ()
 
     @property
     def is_reference(self) -> bool:
@@ -664,15 +667,18 @@ def sweep_overlap(profile: Profile, sweep: SweepRuns) -> tuple[str, ...]:
 STEP_SIZES = ("n = 1", "n >= 2")
 
 
-def speed_factors(run: Run, profile: Profile) -> tuple[list[float], dict[tuple[str, str, str], list[float]]]:
+def speed_factors(run: Run, profile: Profile) -> tuple[list[float], dict[tuple[str, str, str], list[float]],
+                                                      dict[str, list[float]]]:  # fmt: skip
     """One pass over the run's traces, each step priced at its own context where the profile measured how the
     cost grows with it (`predict.sample_cost`): per sample, its target's steps' seconds over the profile's for
-    them (`paired.speed_factor`); and per (model stage, what came before the step, its size), each step of that
+    them (`paired.speed_factor`); per (model stage, what came before the step, its size), each step of that
     stage: its seconds over the profile's for it (`paired.step_conditions`: after its own step, after a wait,
-    beside another stage; `STEP_SIZES`)."""
+    beside another stage; `STEP_SIZES`); and per model stage [seconds computing, seconds of decoding] summed
+    over the samples (`paired.decoding_busy`)."""
     positions = run_stages(profile, run) or ()
     per_sample: list[float] = []
     per_step: dict[tuple[str, str, str], list[float]] = {}
+    busy: dict[str, list[float]] = {}
     for sample, stages in run.iter_traces():
         factor = speed_factor(stages[-1].steps, sample_cost(profile.stages[-1], sample.get("prompt_tokens")))
         if factor is not None:
@@ -682,12 +688,15 @@ def speed_factors(run: Run, profile: Profile) -> tuple[list[float], dict[tuple[s
             if stage.model_free:
                 continue
             steps = trace.steps
+            total = busy.setdefault(stage.name, [0.0, 0.0])
+            for i, seconds in enumerate(decoding_busy(steps, stages[-1].steps)):
+                total[i] += seconds
             predicted = profile_step_seconds(steps, sample_cost(stage, sample.get("prompt_tokens")))
             for i, condition in enumerate(step_conditions(steps, [s.steps for s in stages if s is not trace])):
                 if condition is not None and int(steps["fed"][i]) > 0 and predicted[i] > 0:  # fed 0: passed on
                     key = (stage.name, condition, STEP_SIZES[int(steps["fed"][i]) > 1])
                     per_step.setdefault(key, []).append((steps["t_end"][i] - steps["t_start"][i]) / predicted[i])
-    return per_sample, per_step
+    return per_sample, per_step, busy
 
 
 def count_values(records: Sequence[Mapping], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
@@ -751,7 +760,7 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
     by_repetition: dict[int, list[dict]] = {}
     for record in run.samples:
         by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
-    own, by_condition = speed_factors(run, profile)
+    own, by_condition, busy = speed_factors(run, profile)
     return SweepRecord(
         configuration=name, strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
         stages=prediction.stages, prompts=measured.prompts, repetitions=measured.repetitions,
@@ -771,7 +780,14 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
         tokens_per_s_floor=repetition_spread([tokens_per_s(group) for _, group in sorted(by_repetition.items())]),
         step_factors=tuple((*key, statistics.median(factors) / machine_speed, len(factors))
                            for key, factors in by_condition.items()),
+        busy=tuple((stage, seconds / span, _busy_predicted(prediction, stage)) for stage, (seconds, span) in busy.items()
+                   if span > 0),
     )  # fmt: skip
+
+
+def _busy_predicted(prediction: Prediction, stage: str) -> float | None:
+    """The simulation's busy share of a stage it ran (None: not among its stages)."""
+    return prediction.busy_fraction[prediction.stages.index(stage)] if stage in prediction.stages else None
 
 
 def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
@@ -943,6 +959,17 @@ def _step_lines(records: Sequence[SweepRecord]) -> list[str]:
     return lines
 
 
+def _busy_lines(records: Sequence[SweepRecord]) -> list[str]:
+    """Each model stage's busy share, measured and simulated: which stage sets the pace, and how long each waits."""
+    lines = ["each model stage's busy share while the target decodes (its steps' seconds over the target's decoding "
+             "time, pooled over the samples; ours: the simulation's)",
+             f"  {'configuration':<22}{'stage':<18}{'measured':>10}{'ours':>8}"]
+    for r in records:
+        lines += [f"  {r.configuration:<22}{stage:<18}{measured:>10.2f}{_num(ours, '.2f'):>8}"
+                  for stage, measured, ours in r.busy]
+    return lines
+
+
 def _ranking_line(model: str, rank: Ranking, best: str) -> str:
     return (f"  {model}: Spearman {_num(rank.spearman, '.2f')}; top pick {rank.top_pick} (measured "
             f"{rank.top_pick_measured:.3f}, the best measured {best}): regret {100 * rank.regret:.1f}%")
@@ -989,7 +1016,7 @@ def report_figures(report: SweepReport) -> dict:
 def format_sweep_report(report: SweepReport) -> str:
     lines = _title(report) + [""] + _speedup_lines(report.records) + [""]
     lines += _count_lines([r for r in report.records if r.counts]) + [""] + _speed_lines(report.records) + [""]
-    lines += _step_lines(report.records) + [""]
+    lines += _step_lines(report.records) + [""] + _busy_lines(report.records) + [""]
     lines += ["ranking over the configurations (greedy included):", _ranking_line("ours", report.ours,
               report.measured_best), _ranking_line("paper", report.paper, report.measured_best),
               f"  the sweep against itself: Spearman between repetitions {_num(report.repetition_spearman, '.2f')}; "
@@ -1011,7 +1038,8 @@ def read_sweep_report(raw: dict, path: str) -> SweepReport:
     try:
         records = tuple(SweepRecord(**{**r, "counts": tuple(CountCheck(**c) for c in r["counts"]),
                                        "stages": tuple(r["stages"]),
-                                       "step_factors": tuple(tuple(f) for f in r.get("step_factors", ()))})
+                                       "step_factors": tuple(tuple(f) for f in r.get("step_factors", ())),
+                                       "busy": tuple(tuple(b) for b in r.get("busy", ()))})
                         for r in raw["records"])  # fmt: skip
         fields = {k: raw[k] for k in SweepReport.__dataclass_fields__ if k in raw}
         return SweepReport(**{**fields, "records": records, "ours": Ranking(**raw["ours"]),

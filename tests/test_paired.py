@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.paired import (AFTER_WAIT, BESIDE, FOLLOWS, Sample, overlapping, paired_speedups, rotation, speed_factor,
-                             step_conditions)
+from analysis.paired import (AFTER_WAIT, BESIDE, FOLLOWS, Sample, decoding_busy, overlapping, paired_speedups, rotation,
+                             speed_factor, step_conditions)
 
 
 def test_the_rotation_puts_every_item_in_every_position_equally_often():
@@ -87,6 +87,17 @@ def test_the_speed_factor_charges_each_step_its_own_context_where_the_cost_grows
 
     assert speed_factor(steps, cost) == pytest.approx((0.2 + 0.4 + 0.5) / (0.11 + 0.24 + 0.54))
     assert seen[-3:] == [(1, 1), (2, 4), (5, 4)]  # after the prefill's own row
+
+
+def test_a_stage_s_busy_time_is_counted_while_the_target_decodes():
+    """From the end of the target's prefill to the end of its last step: the stage's own prefill left out, a step
+    that straddles either end counted for its part inside; a target without a decode step has no decoding."""
+    target = {"t_start": [0.0, 2.0, 5.0], "t_end": [2.0, 4.0, 7.0]}  # decodes from 2.0 to 7.0
+    # its prefill ends after the target's; then 0.4 + 1 + 0.5 inside
+    drafter = {"t_start": [0.0, 2.5, 3.0, 6.5], "t_end": [2.5, 2.9, 4.0, 7.5]}
+    assert decoding_busy(drafter, target) == pytest.approx((1.9, 5.0))
+    assert decoding_busy(target, target) == pytest.approx((4.0, 5.0))
+    assert decoding_busy(drafter, {"t_start": [0.0], "t_end": [2.0]}) == (0.0, 0.0)
 
 
 def test_each_step_is_told_by_what_came_before_it():

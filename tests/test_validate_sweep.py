@@ -211,6 +211,31 @@ def test_each_stage_s_steps_by_what_came_before_them(tiny_profile, swept, report
             assert all(row[1] in pa.STEP_CONDITIONS and row[2] in va.STEP_SIZES for row in record["step_factors"])
 
 
+def test_each_stage_s_busy_share_while_the_target_decodes_beside_the_simulation_s(tiny_profile, swept, report):
+    """Per configuration and stage: its steps' seconds after its prefill, within the target's decoding (from the
+    end of the target's prefill to the end of its last step), over that time, pooled over the samples; beside
+    it the prediction's busy share of that stage."""
+    profile = pf.load_profile(tiny_profile)
+    names = [s.name for s in profile.stages]
+    for record in report["records"]:
+        name = record["configuration"]
+        busy, span = {}, 0.0
+        for path in sorted((swept / name / "traces").glob("*.json.gz")):
+            stages = json.loads(gzip.decompress(path.read_bytes()))["stages"]
+            start, end = stages[-1]["steps"]["t_end"][0], stages[-1]["steps"]["t_end"][-1]
+            span += end - start
+            for stage in stages:
+                steps = stage["steps"]
+                busy[names[stage["stage"]]] = busy.get(names[stage["stage"]], 0.0) + sum(
+                    max(0.0, min(b, end) - max(a, start)) for a, b in zip(steps["t_start"][1:], steps["t_end"][1:]))
+        ours = _prediction(profile, swept, name)
+        expected = {stage: (pytest.approx(seconds / span), pytest.approx(ours.busy_fraction[ours.stages.index(stage)]))
+                    for stage, seconds in busy.items()}  # fmt: skip
+        assert {stage: (measured, predicted) for stage, measured, predicted in record["busy"]} == expected, name
+        assert all(0 < measured <= 1.0 + 1e-9 for _, measured, _ in record["busy"])
+    assert {row[0] for row in report["records"][0]["busy"]} == {names[-1]}  # greedy: the target alone
+
+
 def test_the_ranking_and_the_targets(report, swept):
     records = report["records"]
     names = [r["configuration"] for r in records]
@@ -245,7 +270,8 @@ def test_the_text_report_puts_the_floor_beside_the_errors(tiny_profile, swept):
     for part in ("speedup over greedy", "timing-free counts", "tokens/s at the machine's speed", "ranking over",
                  "targets (held out", "speedup, median |error|", "Spearman (predicted vs measured speedups)",
                  "error kinds, median / largest |error|: machine speed",
-                 "each model stage's steps by what came before them"):
+                 "each model stage's steps by what came before them",
+                 "each model stage's busy share while the target decodes"):
         assert part in text, part
     assert ("floor above a third of its target (this sweep cannot show it)" in text
             or "every known floor is below a third of its target" in text)  # fmt: skip
