@@ -5,12 +5,7 @@
 #  2. a paired, interleaved sweep (python -m experiments.sweep): greedy and the 10 configurations of
 #     conf/sweep.yaml on the 8 prompts after the first 20 (prompts the profile never saw), 3 repetitions,
 #     TOKENS (96) new tokens, each sample's speed factor against the profile;
-#  3. python -m analysis.validate PROFILE SWEEP (validation.txt, validation.json);
-#  4. with IN_SAMPLE=1, the in-sample decomposition beside it: acceptance measured on the sweep's own prompts
-#     with the held-out profile's step costs, prefill and handoff (`costs_from`; acceptance only, no timing)
-#     into profile_sweep_prompts/, and the sweep validated against it into in_sample_acceptance.txt (labelled
-#     in-sample: a decomposition, not a prediction). The difference from validation.txt is what the profile's
-#     prompts being other prompts costs; what is left is the rest (costs, the schedule).
+#  3. python -m analysis.validate PROFILE SWEEP (validation.txt, validation.json).
 # Every step resumes: a profile or finished sweep samples are kept. Run it on a quiet machine (about 30
 # minutes per hierarchy and dataset for SmolLM2 on a 2-core CPU).
 # Usage: HIERARCHIES="smollm2_suffix_fp32" DATASETS="humaneval news_lee_cnndm" bash scripts/validation_paired.sh
@@ -43,14 +38,6 @@ for h in $HIERARCHIES; do
         progress=false hydra.run.dir="$sweep" ${SWEEP_CONFIGURATIONS:+"$SWEEP_CONFIGURATIONS"} ${SWEEP_OVERRIDES:-}
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$sweep" > "$validation.txt"
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$sweep" --json > "$validation.json"
-    if [ "${IN_SAMPLE:-0}" = 1 ]; then
-      prompts=$("$PY" -c 'import json, sys; print("[" + ",".join(json.load(open(sys.argv[1]))["prompts"]) + "]")' \
-          "$validation.json")
-      [ -f "$dir/profile_sweep_prompts/profile.json" ] || "$PY" -m experiments.profile models="$h" dataset="$d" \
-          "dataset.ids=$prompts" dataset.n_samples="$SAMPLES" profile.continuation="$TOKENS" \
-          costs_from="$dir/profile/profile.json" hydra.run.dir="$dir/profile_sweep_prompts"
-      "$PY" -m analysis.validate "$dir/profile_sweep_prompts/profile.json" "$sweep" > "$dir/in_sample_acceptance.txt"
-    fi
     load "$h $d done"
   done
 done
