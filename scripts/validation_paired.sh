@@ -11,16 +11,9 @@
 # Usage: HIERARCHIES="smollm2_suffix_fp32" DATASETS="humaneval news_lee_cnndm" bash scripts/validation_paired.sh
 # (SWEEP_CONFIGURATIONS='configurations=[...]' replaces conf/sweep.yaml's list; SWEEP_NAME=sweep_T4 with
 # SWEEP_OVERRIDES=+models.stages.0.tree_nodes=4 makes another sweep beside it, validated into validation_T4.txt)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-PY=${PY:-.venv/bin/python}
-OUT=${OUT:-results/validation_paired}
-HIERARCHIES=${HIERARCHIES:-"smollm2_suffix_fp32 smollm2_int8_fp32 smollm2_pld_int8_fp32"}
-DATASETS=${DATASETS:-"humaneval news_lee_cnndm"}
-SAMPLES=${SAMPLES:-8}
+# shellcheck source=validation_paired_common.sh
+source "$(dirname "$0")/validation_paired_common.sh"
 REPETITIONS=${REPETITIONS:-3}
-TOKENS=${TOKENS:-96}
 SWEEP_NAME=${SWEEP_NAME:-sweep}
 load() { echo "[validation_paired] $(date -u +%FT%TZ) $1 load: $(cut -d' ' -f1-3 /proc/loadavg)"; }
 for h in $HIERARCHIES; do

@@ -7,14 +7,8 @@
 # validation.txt it shows how much of the error is the profile's prompts being other prompts, and how much
 # the rest (costs, the schedule).
 # Usage: HIERARCHIES="smollm2_int8_fp32" DATASETS="humaneval" bash scripts/validation_paired_in_sample.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-PY=${PY:-.venv/bin/python}
-OUT=${OUT:-results/validation_paired}
-HIERARCHIES=${HIERARCHIES:-"smollm2_suffix_fp32 smollm2_int8_fp32 smollm2_pld_int8_fp32"}
-DATASETS=${DATASETS:-"humaneval news_lee_cnndm"}
-TOKENS=${TOKENS:-96}
+# shellcheck source=validation_paired_common.sh
+source "$(dirname "$0")/validation_paired_common.sh"
 for h in $HIERARCHIES; do
   for d in $DATASETS; do
     dir="$OUT/$h/$d"
