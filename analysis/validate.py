@@ -834,15 +834,16 @@ def sweep_figures(records: Sequence[SweepRecord], rankings: Sequence[tuple[Ranki
     speedups = [r for r in records if not r.is_reference]
     counts = [c for r in speedups for c in r.counts]
     figures = {}
-    for key, ours, paper, floors in (
+    for key, ours, paper, floors, prompts in (
         ("speedup", [r.speedup_error for r in speedups], [r.paper_speedup_error for r in speedups],
-         [r.speedup_floor for r in speedups]),
-        ("counts", [c.error for c in counts], [c.paper_error for c in counts], [c.floor for c in counts]),
+         [r.speedup_floor for r in speedups], [prompts_floor(r) for r in speedups]),
+        ("counts", [c.error for c in counts], [c.paper_error for c in counts], [c.floor for c in counts], []),
     ):  # fmt: skip
-        (ours_median, ours_max), (paper_median, paper_max), (floor_median, floor_max) = map(_median_max,
-                                                                                             (ours, paper, floors))
-        figures[f"{key}_median"] = _figure(ours_median, paper_median, floor_median, TARGETS[f"{key}_median"])
-        figures[f"{key}_max"] = _figure(ours_max, paper_max, floor_max, TARGETS[f"{key}_max"])
+        (ours_median, ours_max), (paper_median, paper_max), (floor_median, floor_max), (prompts_median, prompts_max) = (
+            map(_median_max, (ours, paper, floors, prompts)))  # fmt: skip
+        figures[f"{key}_median"] = _figure(ours_median, paper_median, floor_median, TARGETS[f"{key}_median"],
+                                           prompts=prompts_median)  # fmt: skip
+        figures[f"{key}_max"] = _figure(ours_max, paper_max, floor_max, TARGETS[f"{key}_max"], prompts=prompts_max)
     regret_floor = max((f for f in regret_floors if f is not None), default=None)
     figures["regret"] = _figure(max((o.regret for o, _ in rankings), default=None),
                                 max((p.regret for _, p in rankings), default=None), regret_floor, TARGETS["regret"])
@@ -854,13 +855,22 @@ def sweep_figures(records: Sequence[SweepRecord], rankings: Sequence[tuple[Ranki
 
 
 def _figure(ours: float | None, paper: float | None, floor: float | None, target: float,
-            at_least: bool = False) -> dict:  # fmt: skip
+            at_least: bool = False, prompts: float | None = None) -> dict:  # fmt: skip
     """One target's row: `floor` is the noise the sweep cannot see through (for a least value, Spearman, its
-    shortfall from 1); `shown` False where the floor is above SHOWN_BELOW of the target (its shortfall)."""
+    shortfall from 1); `shown` False where the floor is above SHOWN_BELOW of the target (its shortfall).
+    `prompts` (the speedups'): how far the sweep's own prompts leave its figures from those of other prompts
+    (`prompts_floor`), which a held-out prediction meets; `prompts_shown` as `shown` for it."""
     met = None if ours is None else (ours >= target if at_least else ours <= target)
     room = (1 - target) if at_least else target
     return {"ours": ours, "paper": paper, "floor": floor, "target": target, "at_least": at_least, "met": met,
-            "shown": None if floor is None else floor <= SHOWN_BELOW * room}  # fmt: skip
+            "shown": None if floor is None else floor <= SHOWN_BELOW * room, "prompts": prompts,
+            "prompts_shown": None if prompts is None else prompts <= SHOWN_BELOW * room}  # fmt: skip
+
+
+def prompts_floor(record: SweepRecord) -> float | None:
+    """Half the width of a measured speedup's interval over the sweep's prompts (relative): how far its eight
+    or so prompts may leave it from the same configuration's speedup on others; None with one prompt."""
+    return relative_half_width(record.sampling_interval, record.measured_speedup) if record.prompts > 1 else None
 
 
 def decomposition(records: Sequence[SweepRecord]) -> dict:
@@ -978,15 +988,16 @@ def _ranking_line(model: str, rank: Ranking, best: str) -> str:
 def target_lines(figures: dict, in_sample: bool) -> list[str]:
     """The targets table, and which targets the floor keeps a sweep from showing."""
     scope = "in-sample: a decomposition, not a validation" if in_sample else "held out"
-    lines = [f"targets ({scope}; floor: the sweep's own noise):",
-             f"  {'figure':<44}{'ours':>8}{'paper':>8}{'floor':>8}{'target':>10}  met"]
+    lines = [f"targets ({scope}; floor: the sweep's own noise; prompts: half the speedups' intervals over its prompts):",
+             f"  {'figure':<44}{'ours':>8}{'paper':>8}{'floor':>8}{'prompts':>9}{'target':>10}  met"]
     for key, label in FIGURE_LABELS.items():
         f = figures[key]
         value = (lambda v: _num(v, ".2f")) if f["at_least"] else _abs_pct
         floor = "-" if f["floor"] is None else (f"1-{1 - f['floor']:.2f}" if f["at_least"] else _abs_pct(f["floor"]))
         target = f">= {f['target']:.2f}" if f["at_least"] else f"<= {100 * f['target']:.0f}%"
         met = "-" if f["met"] is None else ("yes" if f["met"] else "no")
-        lines.append(f"  {label:<44}{value(f['ours']):>8}{value(f['paper']):>8}{floor:>8}{target:>10}  {met}")
+        lines.append(f"  {label:<44}{value(f['ours']):>8}{value(f['paper']):>8}{floor:>8}"
+                     f"{_abs_pct(f.get('prompts')):>9}{target:>10}  {met}")  # fmt: skip
     hidden = [FIGURE_LABELS[k] for k, f in figures.items() if f["shown"] is False]
     unknown = [FIGURE_LABELS[k] for k, f in figures.items() if f["shown"] is None]
     if hidden:
@@ -995,6 +1006,10 @@ def target_lines(figures: dict, in_sample: bool) -> list[str]:
         lines.append("every known floor is below a third of its target")
     if unknown:
         lines.append(f"floor unknown (one repetition, or too few configurations): {'; '.join(unknown)}")
+    wide = [FIGURE_LABELS[k] for k, f in figures.items() if f.get("prompts_shown") is False]
+    if wide and not in_sample:
+        lines.append("the sweep's prompts spread its speedups by more than a third of the target (a prediction from "
+                     f"other prompts cannot show it): {'; '.join(wide)}")  # fmt: skip
     return lines
 
 

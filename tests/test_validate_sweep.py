@@ -256,6 +256,12 @@ def test_the_ranking_and_the_targets(report, swept):
     counts = [abs(c["error"]) for r in records for c in r["counts"] if c["error"] is not None]
     assert figures["counts_max"]["ours"] == pytest.approx(max(counts))
     assert figures["spearman"]["floor"] == pytest.approx(1 - report["repetition_spearman"])
+    # the sweep's prompts: half each speedup's interval over them, relative, beside the speedup figures alone
+    prompts = [(r["sampling_interval"][1] - r["sampling_interval"][0]) / (2 * r["measured_speedup"]) for r in records[1:]]
+    assert figures["speedup_median"]["prompts"] == pytest.approx(statistics.median(prompts))
+    assert figures["speedup_max"]["prompts"] == pytest.approx(max(prompts))
+    assert figures["speedup_max"]["prompts_shown"] == (max(prompts) <= 0.15 / 3)
+    assert all(figures[k]["prompts"] is None for k in ("counts_median", "counts_max", "regret", "spearman"))
     assert {k: f["target"] for k, f in figures.items()} == va.TARGETS
     for f in figures.values():
         room = 1 - f["target"] if f["at_least"] else f["target"]
