@@ -688,9 +688,9 @@ def speed_factors(run: Run, profile: Profile) -> tuple[list[float], dict[tuple[s
             if stage.model_free:
                 continue
             steps = trace.steps
+            computing, decoding = decoding_busy(steps, stages[-1].steps)
             total = busy.setdefault(stage.name, [0.0, 0.0])
-            for i, seconds in enumerate(decoding_busy(steps, stages[-1].steps)):
-                total[i] += seconds
+            total[0], total[1] = total[0] + computing, total[1] + decoding
             predicted = profile_step_seconds(steps, sample_cost(stage, sample.get("prompt_tokens")))
             for i, condition in enumerate(step_conditions(steps, [s.steps for s in stages if s is not trace])):
                 if condition is not None and int(steps["fed"][i]) > 0 and predicted[i] > 0:  # fed 0: passed on
