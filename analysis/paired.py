@@ -203,6 +203,11 @@ def profile_step_cost(step_s: Sequence[float], n: int) -> float:
     return float(step_s[-1] + slope * (n - len(step_s)))
 
 
+def overlap(a: float, b: float, start: float, end: float) -> float:
+    """Seconds the interval [a, b] shares with [start, end]."""
+    return max(0.0, min(end, b) - max(start, a))
+
+
 FOLLOWS, AFTER_WAIT, BESIDE = "follows its own step", "after a wait", "beside another stage"
 STEP_CONDITIONS = (FOLLOWS, AFTER_WAIT, BESIDE)
 BACK_TO_BACK_S = 0.002  # a step that starts within this of the stage's previous one follows it
@@ -219,7 +224,7 @@ def step_conditions(steps: Mapping[str, Sequence], others: Iterable[Mapping[str,
     for i in range(1, len(steps["fed"])):
         start, end = steps["t_start"][i], steps["t_end"][i]
         near = busy[bisect.bisect_left(starts, start - longest):bisect.bisect_left(starts, end)]
-        shared = sum(max(0.0, min(end, b) - max(start, a)) for a, b in near)
+        shared = sum(overlap(a, b, start, end) for a, b in near)
         if shared > 0.5 * (end - start):
             found.append(BESIDE)
         else:
@@ -235,7 +240,7 @@ def decoding_busy(steps: Mapping[str, Sequence], target: Mapping[str, Sequence])
     if len(target["t_end"]) < 2:
         return 0.0, 0.0
     start, end = target["t_end"][0], target["t_end"][-1]
-    busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in zip(steps["t_start"][1:], steps["t_end"][1:]))
+    busy = sum(overlap(a, b, start, end) for a, b in zip(steps["t_start"][1:], steps["t_end"][1:]))
     return busy, end - start
 
 

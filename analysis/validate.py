@@ -75,7 +75,7 @@ import statistics
 import sys
 from dataclasses import MISSING, asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -667,8 +667,15 @@ def sweep_overlap(profile: Profile, sweep: SweepRuns) -> tuple[str, ...]:
 STEP_SIZES = ("n = 1", "n >= 2")
 
 
-def speed_factors(run: Run, profile: Profile) -> tuple[list[float], dict[tuple[str, str, str], list[float]],
-                                                      dict[str, list[float]]]:  # fmt: skip
+class TraceReading(NamedTuple):
+    """What one pass over a run's traces gives (`speed_factors`)."""
+
+    per_sample: list[float]  # per sample, its target's speed factor
+    per_step: dict[tuple[str, str, str], list[float]]  # per (model stage, condition, size), each step's factor
+    busy: dict[str, list[float]]  # per model stage, [seconds computing, seconds of decoding] over the samples
+
+
+def speed_factors(run: Run, profile: Profile) -> TraceReading:
     """One pass over the run's traces, each step priced at its own context where the profile measured how the
     cost grows with it (`predict.sample_cost`): per sample, its target's steps' seconds over the profile's for
     them (`paired.speed_factor`); per (model stage, what came before the step, its size), each step of that
@@ -696,7 +703,7 @@ def speed_factors(run: Run, profile: Profile) -> tuple[list[float], dict[tuple[s
                 if condition is not None and int(steps["fed"][i]) > 0 and predicted[i] > 0:  # fed 0: passed on
                     key = (stage.name, condition, STEP_SIZES[int(steps["fed"][i]) > 1])
                     per_step.setdefault(key, []).append((steps["t_end"][i] - steps["t_start"][i]) / predicted[i])
-    return per_sample, per_step, busy
+    return TraceReading(per_sample, per_step, busy)
 
 
 def count_values(records: Sequence[Mapping], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
@@ -743,9 +750,9 @@ def tokens_per_s(records: Sequence[Mapping]) -> float:
 
 
 def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: Prediction,
-                        machine_speed: float) -> SweepRecord:  # fmt: skip
+                        machine_speed: float, reading: TraceReading) -> SweepRecord:  # fmt: skip
     """One configuration of the sweep against its prediction (`greedy`: the greedy run's prediction; the
-    machine's speed: the greedy runs' median speed factor)."""
+    machine's speed: the greedy runs' median speed factor; `reading`: its run's traces, `speed_factors`)."""
     run, measured = sweep.runs[name], sweep.speedups[name]
     prediction = greedy if name == REFERENCE else predict_run(profile, run)
     ours = prediction.tokens_per_s / greedy.tokens_per_s
@@ -760,7 +767,7 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
     by_repetition: dict[int, list[dict]] = {}
     for record in run.samples:
         by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
-    own, by_condition, busy = speed_factors(run, profile)
+    own, by_condition, busy = reading
     return SweepRecord(
         configuration=name, strategy=run.strategy, lookahead=run.lookahead, max_lead=run.max_lead,
         stages=prediction.stages, prompts=measured.prompts, repetitions=measured.repetitions,
@@ -794,7 +801,8 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
     """Every predictable configuration of the sweep against the profile, the rankings and the floors."""
     check_hierarchy(profile, sweep)
     greedy_run = sweep.runs[REFERENCE]
-    factors = speed_factors(greedy_run, profile)[0]
+    greedy_reading = speed_factors(greedy_run, profile)
+    factors = greedy_reading.per_sample
     if not factors:
         raise ResultsError(f"{sweep.path / REFERENCE}: its traces have no decode steps to gauge the machine's speed")
     greedy = predict_run(profile, greedy_run)
@@ -804,7 +812,8 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
         if problem:
             notes.append(f"{name}: cannot be predicted: {problem}")
             continue
-        records.append(check_configuration(profile, sweep, name, greedy, statistics.median(factors)))
+        reading = greedy_reading if name == REFERENCE else speed_factors(sweep.runs[name], profile)
+        records.append(check_configuration(profile, sweep, name, greedy, statistics.median(factors), reading))
     measured = {r.configuration: r.measured_speedup for r in records}
     best = max(measured, key=measured.get)
     return SweepReport(
