@@ -882,6 +882,38 @@ def prompts_floor(record: SweepRecord) -> float | None:
     return relative_half_width(record.sampling_interval, record.measured_speedup) if record.prompts > 1 else None
 
 
+def sampling_reach(record: SweepRecord) -> float | None:
+    """How far prompt sampling alone may put a prediction from its measurement (|log(predicted / measured)|, 95%):
+    the profile's prompts (half the prediction's interval) and the sweep's (half the measured speedup's interval
+    over its prompts, `prompts_floor`'s), independent, combined; None without both intervals."""
+    if record.predicted_interval is None or record.prompts < 2:
+        return None
+    (low, high), (measured_low, measured_high) = record.predicted_interval, record.sampling_interval
+    return math.hypot(math.log(high / low) / 2, math.log(measured_high / measured_low) / 2)
+
+
+def beyond_sampling(records: Sequence[SweepRecord]) -> dict:
+    """Which configurations' speedup errors prompt sampling reaches (`sampling_reach`) and which it does not: an
+    error beyond it is more than the prompts the profile and the sweep happened to draw explain (the model's, or
+    prompts further apart than their intervals say; the in-sample decomposition tells which)."""
+    reading = {"within": [], "beyond": []}
+    for r in records:
+        reach = None if r.is_reference else sampling_reach(r)
+        if reach is not None:
+            within = abs(math.log(r.predicted_speedup / r.measured_speedup)) <= reach
+            reading["within" if within else "beyond"].append(r.configuration)
+    return reading
+
+
+def sampling_line(reading: dict) -> str | None:
+    within, beyond = reading["within"], reading["beyond"]
+    if not within and not beyond:
+        return None
+    line = (f"prompt sampling (the profile's and the sweep's 95% intervals, combined) reaches the speedup error of "
+            f"{len(within)} of {len(within) + len(beyond)} configurations")
+    return line + (f"; beyond it (more than the prompts drawn explain): {', '.join(beyond)}" if beyond else "")
+
+
 def decomposition(records: Sequence[SweepRecord]) -> dict:
     """The three error kinds, median and largest |value| over `records`: the machine's speed (the greedy runs'
     speed factor - 1, once per sweep), the timing-free counts, and the schedule (seconds per target step at
@@ -1047,6 +1079,8 @@ def format_sweep_report(report: SweepReport) -> str:
               f"regret among the configurations not told apart from the best {_abs_pct(report.regret_floor)}",
               ""]  # fmt: skip
     lines += target_lines(report_figures(report), report.in_sample)
+    sampling = None if report.in_sample else sampling_line(beyond_sampling(report.records))
+    lines += [sampling] if sampling else []
     lines.append(decomposition_line(decomposition(report.records)))
     return "\n".join(lines)
 
@@ -1054,7 +1088,8 @@ def format_sweep_report(report: SweepReport) -> str:
 def sweep_report_json(report: SweepReport) -> dict:
     """The `--json` object of a sweep's report (`read_sweep_report` reads it back)."""
     return {"format": SWEEP_FORMAT, **asdict(report), "in_sample": report.in_sample,
-            "figures": report_figures(report), "error_kinds": decomposition(report.records)}  # fmt: skip
+            "figures": report_figures(report), "error_kinds": decomposition(report.records),
+            "sampling": beyond_sampling(report.records)}  # fmt: skip
 
 
 def read_sweep_report(raw: dict, path: str) -> SweepReport:
@@ -1088,6 +1123,8 @@ def format_sweep_summary(reports: Sequence[SweepReport]) -> list[str]:
         lines += [f"paired {title}: {len(subset)} sweep(s), {configurations} configurations besides greedy "
                   "(ranking: the worst sweep's)"]  # fmt: skip
         lines += ["  " + line for line in target_lines(figures, title.startswith("in-sample"))]
+        sampling = None if title.startswith("in-sample") else sampling_line(beyond_sampling(records))
+        lines += ["  " + sampling] if sampling else []
         lines.append("  " + decomposition_line(decomposition(records)))
     return lines
 

@@ -4,6 +4,7 @@ files, the profile and analysis.predict); in-sample labelling, the bad inputs, t
 statistics on hand-made numbers, and the acceptance's standard error and the prediction's interval on a
 hand-made profile."""
 
+import dataclasses
 import gzip
 import json
 import math
@@ -281,6 +282,7 @@ def test_the_text_report_puts_the_floor_beside_the_errors(tiny_profile, swept):
         assert part in text, part
     assert ("floor above a third of its target (this sweep cannot show it)" in text
             or "every known floor is below a third of its target" in text)  # fmt: skip
+    assert "prompt sampling (the profile's and the sweep's 95% intervals, combined) reaches the speedup error" in text
     assert "sequential runs" not in text
 
 
@@ -427,6 +429,34 @@ def test_the_noise_floors():
     shown = va._figure(0.04, 0.5, 0.03, 0.06)
     assert shown["met"] is True and shown["shown"] is False  # 3% is above a third of 6%
     assert va._figure(0.9, 0.2, 0.05, 0.8, at_least=True)["shown"] is True  # 1 - rho 0.05 <= 0.2 / 3
+
+
+def test_prompt_sampling_reaches_an_error_within_both_prompt_intervals_combined(report):
+    """Measured 1.2 with 1.1-1.3 over the sweep's prompts, predicted with 1.0-1.2 over the profile's: prompt
+    sampling reaches |log error| sqrt((ln(1.3/1.1)/2)^2 + (ln 1.2/2)^2) = 0.1236; greedy and a prediction without
+    an interval are read neither way."""
+    sweep = va.read_sweep_report(report, "report.json")
+    greedy, record = sweep.records[0], sweep.records[1]
+    assert greedy.is_reference
+    reach = math.hypot(math.log(1.3 / 1.1) / 2, math.log(1.2) / 2)
+
+    def made(name, predicted, interval=(1.0, 1.2)):
+        return dataclasses.replace(record, configuration=name, measured_speedup=1.2, sampling_interval=(1.1, 1.3),
+                                   predicted_speedup=predicted, predicted_interval=interval)  # fmt: skip
+
+    inside, outside, low = made("in", 1.2 * math.exp(reach - 0.002)), made("out", 1.2 * math.exp(reach + 0.002)), (
+        made("low", 1.2 * math.exp(-reach - 0.002)))  # fmt: skip
+    assert va.sampling_reach(inside) == pytest.approx(reach)
+    assert va.sampling_reach(made("none", 1.2, None)) is None
+    assert va.sampling_reach(dataclasses.replace(inside, prompts=1)) is None  # one prompt: no interval over them
+    reading = va.beyond_sampling([greedy, inside, outside, low, made("none", 2.0, None)])
+    assert reading == {"within": ["in"], "beyond": ["out", "low"]}
+    assert va.sampling_line(reading).endswith("reaches the speedup error of 1 of 3 configurations; beyond it (more "
+                                              "than the prompts drawn explain): out, low")  # fmt: skip
+    assert va.sampling_line({"within": [], "beyond": []}) is None
+    # the sweep's own report reads every configuration with both intervals
+    readable = [r["configuration"] for r in report["records"][1:] if r["predicted_interval"] and r["prompts"] > 1]
+    assert sorted(report["sampling"]["within"] + report["sampling"]["beyond"]) == sorted(readable)
 
 
 # ---- the acceptance's standard error and the prediction's interval -------------------------------------------
