@@ -1,12 +1,47 @@
-"""Hydra callbacks: at the end of a multirun, fill every run's greedy comparison and print one table."""
+"""Hydra callbacks: before a run, the entry point's check of its run directory (so that a refused run leaves
+the directory's `.hydra/` record as it was); at the end of a multirun, fill every run's greedy comparison and
+print one table."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+
+class CheckRunDirectory(Callback):
+    """Hydra writes a run's `.hydra/` files (config, overrides) into its run directory before the entry point
+    starts, so a run the entry point then refuses (a directory that holds results without resume, a resume
+    with another config) would leave that directory describing a run that never happened. This runs the
+    entry point's own check first: `check`, the dotted path of a function of (the composed config without
+    `hydra`, the run directory) that raises an error naming the problem; the run ends with it (exit code 2)
+    and nothing is written. A single run only: a multirun's jobs are checked by the entry point alone."""
+
+    def __init__(self, check: str):
+        module, _, name = check.rpartition(".")
+        self.check = getattr(importlib.import_module(module), name)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from experiments.runner import RunError
+        from pipespec.errors import ConfigError
+
+        if config.hydra.output_subdir is None:  # Hydra writes nothing (a torchrun stage rank)
+            return
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        if not run_dir.is_dir():
+            return
+        task = config.copy()
+        with open_dict(task):
+            del task["hydra"]
+        try:
+            self.check(OmegaConf.to_container(task, resolve=True), run_dir)
+        except (ConfigError, RunError) as error:
+            print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 class CollectAtEnd(Callback):

@@ -85,6 +85,19 @@ def sample_record(index: int, sample, prompt_text: str, prompt_ids, truncated: b
 
 def open_store(run_dir: Path, config: Mapping[str, Any], resume: bool) -> RunStore:
     """A fresh run directory, or (resume) one holding the same config; never mixes two configs."""
+    check_run_dir(run_dir, config, resume)
+    return RunStore(run_dir)
+
+
+def check_hydra_run_dir(cfg: Mapping[str, Any], run_dir: str | Path) -> None:
+    """`check_run_dir` of `python -m experiments.run`'s composed config, before Hydra writes its `.hydra/` files
+    (`experiments.callbacks.CheckRunDirectory`)."""
+    check_run_dir(Path(run_dir), cfg, bool(cfg.get("run", {}).get("resume")))
+
+
+def check_run_dir(run_dir: Path, config: Mapping[str, Any], resume: bool) -> None:
+    """Whether `run_dir` may take a run of `config`: one holding results only with resume, and then only with
+    the same config; a `RunError` naming what differs."""
     from analysis.rundir import read_config
 
     existing = (run_dir / "samples.jsonl").exists()
@@ -101,7 +114,6 @@ def open_store(run_dir: Path, config: Mapping[str, Any], resume: bool) -> RunSto
         differing = [k for k in keys if previous.get(k) != config.get(k)]
         if differing:
             raise RunError(f"cannot resume {run_dir}: it was run with different {', '.join(differing)}")
-    return RunStore(run_dir)
 
 
 def run_prompts(run: RunConfig) -> DatasetPrompts:

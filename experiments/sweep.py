@@ -132,8 +132,7 @@ class Sweep:
         self.cfg, self.out_dir, self.configurations, self.pipe, self.prompts = cfg, out_dir, configurations, pipe, prompts
         self.profile_target = profile_target  # the profile's target stage (`analysis.profile.StageProfile`), or None
         self.forget = bool(cfg["forget_outputs"]) and any(s.kind == "suffix" for s in pipe.specs)
-        if cfg["resume"]:
-            check_same_configurations(out_dir, [c.name for c in configurations])
+        check_run_dir(cfg, out_dir, [c.name for c in configurations])
         self.stores = {}
         for configuration in configurations:
             config = run_config(cfg, configuration)
@@ -198,6 +197,48 @@ class Sweep:
         return speedups
 
 
+SETTINGS = ("samples", "prompt_offset", "repetitions", "forget_outputs")  # run_config's `sweep`: what was measured
+
+
+def check_run_dir(cfg: Mapping[str, Any], out_dir: str | Path, names: Sequence[str] | None = None) -> None:
+    """Whether `out_dir` may take this sweep, checked before anything is written there (Hydra's `.hydra/` files
+    too: `experiments.callbacks.CheckRunDirectory` calls it first): a sweep that holds results only with
+    resume=true, and resumed only as it started: its configurations (`names`; None: those of `cfg`) and its
+    settings (`check_same_settings`). A `ConfigError` naming what differs."""
+    from analysis.rundir import SAMPLES
+
+    out_dir = Path(out_dir)
+    if not cfg["resume"]:
+        if any(p.stat().st_size for p in out_dir.glob(f"*/{SAMPLES}")):
+            raise ConfigError(f"{out_dir} already holds a sweep's results: resume=true continues it, or choose "
+                              "another hydra.run.dir")  # fmt: skip
+        return
+    if names is None:
+        names = [c.name for c in sweep_configurations(cfg)[1]]
+    check_same_configurations(out_dir, names)
+    check_same_settings(out_dir, cfg)
+
+
+def check_same_settings(out_dir: Path, cfg: Mapping[str, Any]) -> None:
+    """A resumed sweep measures what it started measuring: the same hierarchy, dataset, tokens and `SETTINGS`
+    as its greedy run's config.yaml records (another prompt_offset would add other prompts to it, another
+    forget_outputs another drafter); nothing to compare before its first start wrote that file."""
+    from analysis.rundir import CONFIG, read_config
+
+    if not (out_dir / REFERENCE / CONFIG).exists():
+        return
+    started = read_config(out_dir / REFERENCE)
+    now = run_config(cfg, Configuration(REFERENCE, {"strategy": "greedy"}))
+    before, after = ({**{k: c.get(k) for k in ("models", "dataset")}, "max_new_tokens": c.get("max_new_tokens"),
+                      **{k: c.get("sweep", {}).get(k) for k in SETTINGS}} for c in (started, now))  # fmt: skip
+    differing = [k if k in ("models", "dataset") else f"{k} {before[k]!r} -> {after[k]!r}"
+                 for k in before if before[k] != after[k]]  # fmt: skip
+    if differing:
+        raise ConfigError(f"cannot resume the sweep in {out_dir} with other settings ({'; '.join(differing)}): a "
+                          "resumed sweep continues what it started measuring; start a new sweep (another "
+                          "hydra.run.dir) for other settings")  # fmt: skip
+
+
 def check_same_configurations(out_dir: Path, names: Sequence[str]) -> None:
     """A resumed sweep times the configurations it started with (each one's folder and config written at the
     start): one added on resuming would be timed minutes after the others, not interleaved with them, and
@@ -240,17 +281,25 @@ def profile_target(path: str | None, specs):
     return profile.stages[-1]
 
 
-def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
-    """The whole sweep into `out_dir`; the paired speedups, fastest first."""
-    from tqdm import tqdm
-
+def sweep_configurations(cfg: Mapping[str, Any]) -> tuple[list, list[Configuration]]:
+    """The sweep's stages (`StageSpec`s) and configurations, greedy first, checked (`check_counts`,
+    `check_configurations`)."""
     from experiments.hierarchies import resolve_stages
-    from pipespec.api import Pipeline
 
     check_counts(cfg)
     specs = resolve_stages(cfg["models"]["stages"])
     configurations = check_configurations(cfg["configurations"], [s.kind for s in specs], [s.label for s in specs],
                                           specs[0].tree_nodes)  # fmt: skip
+    return specs, configurations
+
+
+def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
+    """The whole sweep into `out_dir`; the paired speedups, fastest first."""
+    from tqdm import tqdm
+
+    from pipespec.api import Pipeline
+
+    specs, configurations = sweep_configurations(cfg)
     target = profile_target(cfg.get("profile"), specs)
     pipe = Pipeline(specs, stall_timeout_s=cfg["stall_timeout_s"], start_timeout_s=cfg["start_timeout_s"])
     prompts = sweep_prompts(cfg, pipe.tokenizer, pipe.context_length)

@@ -192,8 +192,10 @@ def test_a_run_killed_mid_way_resumes_with_each_sample_exactly_once(tmp_path, en
     time.sleep(1.0)
     assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
+    hydra_record = {p: p.read_text() for p in (run_dir / ".hydra").glob("*.yaml")}
     again = entry_point("experiments.run", *args, "run.progress=false")  # without resume: refused, nothing touched
     assert again.returncode == 2 and "run.resume=true" in again.stderr
+    assert hydra_record and {p: p.read_text() for p in hydra_record} == hydra_record  # how it was run, as it was
     resumed = run_cli(*args, "run.resume=true", timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{killed_with} samples done" in resumed.stderr

@@ -82,24 +82,33 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     assert read_summary(copy / "sd_L2")["identical_to_greedy"] == "4/4"
 
 
-def test_a_started_sweep_resumes_only_with_the_configurations_it_started_with(swept, tmp_path, entry_point):
+def test_a_started_sweep_resumes_only_as_it_started(swept, tmp_path, entry_point):
     """A configuration added on resuming would be timed after the others, not interleaved with them; one left
-    out would stay half-measured: both are one error line, and nothing is measured."""
+    out would stay half-measured; another prompt_offset would add other prompts to the sweep, another
+    forget_outputs another drafter: each is one error line, nothing is measured, and the sweep's `.hydra/`
+    record of how it was started is left as it was (Hydra writes it before the sweep starts: the check runs
+    first, `experiments.callbacks.CheckRunDirectory`)."""
     import shutil
 
     out, _ = swept
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    before = {p: p.read_text() for p in copy.glob("*/samples.jsonl")}
+    before = {p: p.read_text() for p in [*copy.glob("*/samples.jsonl"), *copy.glob(".hydra/*.yaml"),
+                                         *copy.glob("*/config.yaml")]}  # fmt: skip
     added = CONFIGS.replace("]", ", {strategy: sd, lookahead: 3}]")
-    for configurations, message in ((added, "added ['sd_L3']"), ("configurations=[{strategy: sd, lookahead: 2}]",
-                                                                 "left out ['pipespec_L0_M4']")):  # fmt: skip
-        done = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={copy}", configurations, "resume=true",
+    for overrides, message in (((added,), "added ['sd_L3']"),
+                               (("configurations=[{strategy: sd, lookahead: 2}]",), "left out ['pipespec_L0_M4']"),
+                               ((CONFIGS, "prompt_offset=3"), "other settings (prompt_offset 1 -> 3)"),
+                               ((CONFIGS, "forget_outputs=false", "repetitions=3"),
+                                "other settings (repetitions 2 -> 3; forget_outputs True -> False)")):  # fmt: skip
+        done = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={copy}", *overrides, "resume=true",
                            function="main")  # fmt: skip
         last = done.stderr.strip().splitlines()[-1]
         assert done.returncode == 2 and last.startswith("error: cannot resume the sweep") and message in last, last
+    refused = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={copy}", CONFIGS, function="main")
+    assert refused.returncode == 2 and "already holds a sweep's results: resume=true" in refused.stderr
     assert not (copy / "sd_L3").exists()
-    assert {p: p.read_text() for p in copy.glob("*/samples.jsonl")} == before
+    assert {p: p.read_text() for p in before} == before
 
 
 @pytest.mark.parametrize("override, message", [
