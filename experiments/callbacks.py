@@ -26,6 +26,7 @@ class CheckRunDirectory(Callback):
         self.check = getattr(importlib.import_module(module), name)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from analysis.rundir import ResultsError
         from experiments.runner import RunError
         from pipespec.errors import ConfigError
 
@@ -39,7 +40,7 @@ class CheckRunDirectory(Callback):
             del task["hydra"]
         try:
             self.check(OmegaConf.to_container(task, resolve=True), run_dir)
-        except (ConfigError, RunError) as error:
+        except (ConfigError, RunError, ResultsError) as error:
             print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
             raise SystemExit(2) from None
 

@@ -219,6 +219,14 @@ def check_run_dir(cfg: Mapping[str, Any], out_dir: str | Path, names: Sequence[s
     check_same_settings(out_dir, cfg)
 
 
+def measured_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a configuration's run config (`run_config`) says its sweep measures: the hierarchy, the dataset,
+    the tokens and `SETTINGS`."""
+    sweep = config.get("sweep", {})
+    return {"models": config.get("models"), "dataset": config.get("dataset"),
+            "max_new_tokens": config.get("max_new_tokens"), **{k: sweep.get(k) for k in SETTINGS}}
+
+
 def check_same_settings(out_dir: Path, cfg: Mapping[str, Any]) -> None:
     """A resumed sweep measures what it started measuring: the same hierarchy, dataset, tokens and `SETTINGS`
     as its greedy run's config.yaml records (another prompt_offset would add other prompts to it, another
@@ -227,10 +235,8 @@ def check_same_settings(out_dir: Path, cfg: Mapping[str, Any]) -> None:
 
     if not (out_dir / REFERENCE / CONFIG).exists():
         return
-    started = read_config(out_dir / REFERENCE)
-    now = run_config(cfg, Configuration(REFERENCE, {"strategy": "greedy"}))
-    before, after = ({**{k: c.get(k) for k in ("models", "dataset")}, "max_new_tokens": c.get("max_new_tokens"),
-                      **{k: c.get("sweep", {}).get(k) for k in SETTINGS}} for c in (started, now))  # fmt: skip
+    before = measured_settings(read_config(out_dir / REFERENCE))
+    after = measured_settings(run_config(cfg, Configuration(REFERENCE, {"strategy": "greedy"})))
     differing = [k if k in ("models", "dataset") else f"{k} {before[k]!r} -> {after[k]!r}"
                  for k in before if before[k] != after[k]]  # fmt: skip
     if differing:
