@@ -73,14 +73,14 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import MISSING, asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from analysis.paired import (REFERENCE, STEP_CONDITIONS, PairedSpeedup, Sample, decoding_busy, log_ratios, overlapping,
-                             paired_speedups, profile_step_seconds, speed_factor, step_conditions,
+from analysis.paired import (LEVEL, REFERENCE, RESAMPLES, STEP_CONDITIONS, PairedSpeedup, Sample, decoding_busy,
+                             log_ratios, overlapping, paired_speedups, profile_step_seconds, speed_factor, step_conditions,
                              sweep_samples)  # fmt: skip
 from analysis.predict import Prediction, paper_profile_counts, predict_profile, sample_cost
 from analysis.profile import Profile, ProfileError, StageProfile, load_profile, mismatches
@@ -88,7 +88,7 @@ from analysis.rundir import CONFIG, is_run_dir, read_config, stage_stats
 from analysis.runs import ResultsError, Run, find_runs, load_run
 from pipespec.errors import ConfigError
 from pipespec.schedule import DEFAULT_MAX_LEAD
-from pipespec.stats import pool, ratio
+from pipespec.stats import StageStats, pool, ratio
 
 
 @dataclass(frozen=True)
@@ -425,6 +425,7 @@ class CountCheck:
     error: float | None  # predicted / measured - 1 (None where either is missing, or measured is 0)
     paper_error: float | None
     floor: float | None  # its spread over the sweep's repetitions (`repetition_spread`)
+    prompts: float | None = None  # half its interval over the sweep's prompts (`count_prompt_spreads`); None: older
 
 
 @dataclass(frozen=True)
@@ -706,17 +707,54 @@ def speed_factors(run: Run, profile: Profile) -> TraceReading:
     return TraceReading(per_sample, per_step, busy)
 
 
-def count_values(records: Sequence[Mapping], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
-    """The timing-free counts of samples (`analysis.rundir.stage_stats`, pooled): per verifier (every stage
-    after the first) its mean acceptance length, bonus included; the target's steps per generated token and
-    its verification fraction (verifications over verifications and one-token steps)."""
+def pooled_stages(records: Sequence[Mapping], names: Sequence[str]) -> list[StageStats]:
+    """Each stage's statistics pooled over samples (`analysis.rundir.stage_stats`: counts summed)."""
     stats = [stage_stats(r) for r in records]
     if any(len(s) != len(names) for s in stats):
         raise ResultsError(f"a sample's stage statistics do not hold the {len(names)} stages {list(names)}")
-    pooled = [pool(s[i] for s in stats) for i in range(len(names))]
+    return [pool(s[i] for s in stats) for i in range(len(names))]
+
+
+def counts_of(pooled: Sequence[StageStats], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
+    """The timing-free counts of pooled stage statistics: per verifier (every stage after the first) its mean
+    acceptance length, bonus included; the target's steps per generated token and its verification fraction
+    (verifications over verifications and one-token steps)."""
     target = pooled[-1]
     return [*((ACCEPTANCE, names[i], pooled[i].mean_acceptance_length) for i in range(1, len(names))),
             (STEPS, names[-1], ratio(target.steps, target.output_tokens)), (VERIFY, names[-1], target.verify_fraction)]
+
+
+def count_values(records: Sequence[Mapping], names: Sequence[str]) -> list[tuple[str, str, float | None]]:
+    """The timing-free counts of samples, pooled (`counts_of`)."""
+    return counts_of(pooled_stages(records, names), names)
+
+
+def count_prompt_spreads(records: Sequence[Mapping], names: Sequence[str], seed: int = 0,
+                         resamples: int = RESAMPLES) -> list[float | None]:  # fmt: skip
+    """Per count (`count_values`' order), half its 95% interval over the sweep's prompts, relative to its value
+    (as `prompts_floor` for a speedup): the prompts resampled, each prompt's samples pooled, the counts pooled
+    over the draw; None with one prompt or where a count is undefined."""
+    by_prompt: dict[str, list[Mapping]] = {}
+    for record in records:
+        by_prompt.setdefault(str(record["slot"]["prompt"]), []).append(record)
+    if len(by_prompt) < 2:
+        return [None] * len(count_values(records, names))
+    per_prompt = [pooled_stages(group, names) for _, group in sorted(by_prompt.items())]
+    columns = [f.name for f in fields(StageStats)]
+    table = np.array([[[getattr(stats, c) for c in columns] for stats in stages] for stages in per_prompt], float)
+    picks = np.random.default_rng(seed).integers(0, len(per_prompt), size=(resamples, len(per_prompt)))
+    weights = np.stack([np.bincount(row, minlength=len(per_prompt)) for row in picks])
+    drawn = np.einsum("rp,psc->rsc", weights, table)  # per draw, per stage, the pooled fields
+    values = [counts_of([StageStats(**dict(zip(columns, stage))) for stage in draw], names) for draw in drawn]
+    spreads = []
+    for i, (_, _, center) in enumerate(count_values(records, names)):
+        found = np.array([v[i][2] for v in values if v[i][2] is not None], float)
+        if center is None or center == 0 or len(found) < len(values):
+            spreads.append(None)
+            continue
+        low, high = np.quantile(found, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+        spreads.append(relative_half_width((float(low), float(high)), center))
+    return spreads
 
 
 def predicted_counts(prediction: Prediction, paper: dict | None) -> list[tuple[float | None, float | None]]:
@@ -736,10 +774,11 @@ def count_checks(profile: Profile, run: Run, prediction: Prediction) -> tuple[Co
     for record in run.samples:
         by_repetition.setdefault(int(record["slot"]["repetition"]), []).append(record)
     repeated = [count_values(group, names) for _, group in sorted(by_repetition.items())]
+    spreads = count_prompt_spreads(run.samples, names)
     paper = paper_profile_counts(profile, prediction.stage_indices, prediction.strategy, prediction.lookahead,
                                  prediction.max_lead)  # fmt: skip
     return tuple(CountCheck(figure, stage, value, ours, theirs, relative_error(ours, value),
-                            relative_error(theirs, value), repetition_spread([r[i][2] for r in repeated]))
+                            relative_error(theirs, value), repetition_spread([r[i][2] for r in repeated]), spreads[i])
                  for i, ((figure, stage, value), (ours, theirs)) in enumerate(zip(measured,
                                                                                   predicted_counts(prediction, paper))))
 
@@ -846,7 +885,8 @@ def sweep_figures(records: Sequence[SweepRecord], rankings: Sequence[tuple[Ranki
     for key, ours, paper, floors, prompts in (
         ("speedup", [r.speedup_error for r in speedups], [r.paper_speedup_error for r in speedups],
          [r.speedup_floor for r in speedups], [prompts_floor(r) for r in speedups]),
-        ("counts", [c.error for c in counts], [c.paper_error for c in counts], [c.floor for c in counts], []),
+        ("counts", [c.error for c in counts], [c.paper_error for c in counts], [c.floor for c in counts],
+         [c.prompts for c in counts]),
     ):  # fmt: skip
         (ours_median, ours_max), (paper_median, paper_max), (floor_median, floor_max), (prompts_median, prompts_max) = (
             map(_median_max, (ours, paper, floors, prompts)))  # fmt: skip
@@ -867,8 +907,9 @@ def _figure(ours: float | None, paper: float | None, floor: float | None, target
             at_least: bool = False, prompts: float | None = None) -> dict:  # fmt: skip
     """One target's row: `floor` is the noise the sweep cannot see through (for a least value, Spearman, its
     shortfall from 1); `shown` False where the floor is above SHOWN_BELOW of the target (its shortfall).
-    `prompts` (the speedups'): how far the sweep's own prompts leave its figures from those of other prompts
-    (`prompts_floor`), which a held-out prediction meets; `prompts_shown` as `shown` for it."""
+    `prompts` (the speedups' and the counts'): how far the sweep's own prompts leave its figures from those of
+    other prompts (`prompts_floor`, `count_prompt_spreads`), which a held-out prediction meets; `prompts_shown`
+    as `shown` for it."""
     met = None if ours is None else (ours >= target if at_least else ours <= target)
     room = (1 - target) if at_least else target
     return {"ours": ours, "paper": paper, "floor": floor, "target": target, "at_least": at_least, "met": met,
@@ -971,14 +1012,16 @@ def _speedup_lines(records: Sequence[SweepRecord]) -> list[str]:
 
 
 def _count_lines(records: Sequence[SweepRecord]) -> list[str]:
-    lines = ["timing-free counts (measured: the runs' pooled stage statistics; floor: spread over repetitions)",
+    lines = ["timing-free counts (measured: the runs' pooled stage statistics; floor: spread over repetitions; "
+             "prompts: half the count's 95% interval over the sweep's prompts)",
              f"  {'configuration':<22}{'count':<42}{'measured':>9}{'ours':>8}{'error':>9}{'paper':>8}{'error':>9}"
-             f"{'floor':>8}"]  # fmt: skip
+             f"{'floor':>8}{'prompts':>9}"]  # fmt: skip
     for r in records:
         for c in r.counts:
             label = f"{c.figure} ({c.stage})" if c.figure == ACCEPTANCE else c.figure
             lines.append(f"  {r.configuration:<22}{label:<42}{_num(c.measured):>9}{_num(c.predicted):>8}"
-                         f"{_pct(c.error):>9}{_num(c.paper):>8}{_pct(c.paper_error):>9}{_abs_pct(c.floor):>8}")
+                         f"{_pct(c.error):>9}{_num(c.paper):>8}{_pct(c.paper_error):>9}{_abs_pct(c.floor):>8}"
+                         f"{_abs_pct(c.prompts):>9}")  # fmt: skip
     return lines
 
 
@@ -1029,7 +1072,8 @@ def _ranking_line(model: str, rank: Ranking, best: str) -> str:
 def target_lines(figures: dict, in_sample: bool) -> list[str]:
     """The targets table, and which targets the floor keeps a sweep from showing."""
     scope = "in-sample: a decomposition, not a validation" if in_sample else "held out"
-    lines = [f"targets ({scope}; floor: the sweep's own noise; prompts: half the speedups' intervals over its prompts):",
+    lines = [f"targets ({scope}; floor: the sweep's own noise; prompts: half the speedups' and counts' intervals over "
+             "its prompts):",
              f"  {'figure':<44}{'ours':>8}{'paper':>8}{'floor':>8}{'prompts':>9}{'target':>10}  met"]
     for key, label in FIGURE_LABELS.items():
         f = figures[key]
@@ -1049,7 +1093,7 @@ def target_lines(figures: dict, in_sample: bool) -> list[str]:
         lines.append(f"floor unknown (one repetition, or too few configurations): {'; '.join(unknown)}")
     wide = [FIGURE_LABELS[k] for k, f in figures.items() if f.get("prompts_shown") is False]
     if wide and not in_sample:
-        lines.append("the sweep's prompts spread its speedups by more than a third of the target (a prediction from "
+        lines.append("the sweep's prompts spread its figures by more than a third of the target (a prediction from "
                      f"other prompts cannot show it): {'; '.join(wide)}")  # fmt: skip
     return lines
 

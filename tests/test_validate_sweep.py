@@ -262,7 +262,11 @@ def test_the_ranking_and_the_targets(report, swept):
     assert figures["speedup_median"]["prompts"] == pytest.approx(statistics.median(prompts))
     assert figures["speedup_max"]["prompts"] == pytest.approx(max(prompts))
     assert figures["speedup_max"]["prompts_shown"] == (max(prompts) <= 0.15 / 3)
-    assert all(figures[k]["prompts"] is None for k in ("counts_median", "counts_max", "regret", "spearman"))
+    assert all(figures[k]["prompts"] is None for k in ("regret", "spearman"))
+    # each count's: half its interval over the prompts (count_prompt_spreads, checked on hand-made records below)
+    spreads = [c["prompts"] for r in records for c in r["counts"] if c["prompts"] is not None]
+    assert spreads and figures["counts_max"]["prompts"] == pytest.approx(max(spreads))
+    assert figures["counts_median"]["prompts"] == pytest.approx(statistics.median(spreads))
     assert {k: f["target"] for k, f in figures.items()} == va.TARGETS
     for f in figures.values():
         room = 1 - f["target"] if f["at_least"] else f["target"]
@@ -429,6 +433,25 @@ def test_the_noise_floors():
     shown = va._figure(0.04, 0.5, 0.03, 0.06)
     assert shown["met"] is True and shown["shown"] is False  # 3% is above a third of 6%
     assert va._figure(0.9, 0.2, 0.05, 0.8, at_least=True)["shown"] is True  # 1 - rho 0.05 <= 0.2 / 3
+
+
+def test_a_count_s_spread_over_the_sweep_s_prompts():
+    """Two prompts, two repetitions each. Prompt a: the target keeps 20 drafts in 10 verifications and 10
+    one-token steps (20 steps, 50 tokens); b: none in 10 verifications and 30 one-token steps (40 steps, 50
+    tokens). A draw of prompts pools a, b or both: mean acceptance length 3, 1 or 2, steps per token 0.4, 0.8 or
+    0.6, verification fraction 1/2, 1/4 or 1/3; with two prompts a quarter of the draws take one prompt twice,
+    so the 95% interval runs from one prompt's value to the other's: half of it over the pooled value."""
+    def record(prompt, accepted, single):
+        target = {"steps": 10 + single, "verify_steps": 10, "single_steps": single, "accepted": accepted,
+                  "offered": 40}  # fmt: skip
+        return {"slot": {"prompt": prompt}, "new_tokens": 50, "stages": [{"steps": 60, "draft_steps": 60}, target]}
+
+    records = [record("a", 20, 10), record("b", 0, 30)] * 2
+    names = ["draft", "target"]
+    assert [v for _, _, v in va.count_values(records, names)] == pytest.approx([2.0, 0.6, 1 / 3])
+    spreads = va.count_prompt_spreads(records, names)
+    assert spreads == pytest.approx([(3 - 1) / 2 / 2, (0.8 - 0.4) / 2 / 0.6, (1 / 2 - 1 / 4) / 2 / (1 / 3)])
+    assert va.count_prompt_spreads([r for r in records if r["slot"]["prompt"] == "a"], names) == [None] * 3
 
 
 def test_prompt_sampling_reaches_an_error_within_both_prompt_intervals_combined(report):
