@@ -124,12 +124,13 @@ def verification_counts(columns: Mapping[str, Sequence]) -> Counts:
 
 def prior_counts(pair: PairProfile, positions: int) -> tuple[list[int], list[int]]:
     """The profile's own counts of drafts offered and kept by position: its walk along each continuation
-    (`walk_counts`), or, for a profile without continuations, one draft per position at its rate."""
+    (`walk_counts`, with a model-free drafter's proposals there: where it proposed nothing, nothing was
+    offered), or, for a profile without continuations, one draft per position at its rate."""
     if not pair.runs:
         return [1] * positions, [rate or 0.0 for rate in pair.acceptance_by_position[:positions]]
     offered, accepted = [0] * positions, [0] * positions
-    for along in pair.runs:
-        counts = walk_counts(along, None, positions)
+    for c, along in enumerate(pair.runs):
+        counts = walk_counts(along, pair.proposed[c] if pair.proposed else None, positions)
         for p in range(positions):
             offered[p] += counts.offered[p]
             accepted[p] += counts.accepted[p]

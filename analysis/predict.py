@@ -574,7 +574,7 @@ def acceptance(pair: PairProfile) -> sim.AlongContinuations | sim.ByPosition:
     (`sim.AlongContinuations`), else drawn from its rates by position."""
     if pair.runs:
         return sim.AlongContinuations(pair.runs, pair.acceptance_by_position, proposed=pair.proposed)
-    return sim.ByPosition(pair.acceptance_by_position)
+    return sim.ByPosition(pair.acceptance_by_position, proposed=pair.proposed)
 
 
 def tree_acceptance(profile: Profile, stages: Sequence[int], tree_nodes: int) -> sim.TreeContinuations:
@@ -606,8 +606,9 @@ def tree_proposals(proposed: Sequence[Sequence[int]], runs: Sequence[Sequence[in
 
 
 def _seeds(pairs: Sequence[PairProfile]) -> int:
-    """Simulated generations: SEEDS, or one per profile continuation when there are more."""
-    return max([SEEDS, *(len(p.runs) for p in pairs)])
+    """Simulated generations: SEEDS, or one per profile continuation when there are more (its runs, or a
+    model-free drafter's proposals along it where acceptance was learned by position)."""
+    return max([SEEDS, *(max(len(p.runs), len(p.proposed)) for p in pairs)])
 
 
 def paper_alpha_gamma(profile: Profile, stages: Sequence[int], strategy: str, lookahead: int,

@@ -189,23 +189,38 @@ class Replay:
 @dataclass(frozen=True)
 class ByPosition:
     """Draft p of a verification is accepted with probability ``rates[p]`` given that drafts 0..p-1 were
-    (a profile's acceptance by draft position); positions beyond the list use its last rate."""
+    (a profile's acceptance by draft position); positions beyond the list use its last rate.
+
+    ``proposed[c][j]`` (optional, a model-free drafter's, as in ``AlongContinuations``): how many drafts it
+    proposed at position j of continuation c (generation s follows continuation s mod len(proposed)), so it
+    proposes where and as much as it did there while its drafts are accepted by position (acceptance learned
+    from a run's counts keeps the drafter's proposals; without them it proposes up to its lead cap)."""
 
     rates: tuple[float, ...]
+    proposed: tuple[tuple[int, ...], ...] = field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rates", tuple(float(r) for r in self.rates))
+        object.__setattr__(self, "proposed", tuple(tuple(int(n) for n in along) for along in self.proposed))
         if not self.rates or not all(0.0 <= r <= 1.0 for r in self.rates):
             raise ValueError(f"rates must be a non-empty sequence of probabilities, got {self.rates!r}")
+        if self.proposed and not all(along and min(along) >= 0 for along in self.proposed):
+            raise ValueError("proposed needs non-empty sequences of proposal lengths >= 0, one per continuation")
 
     def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_ByPositionSampler":
-        return _ByPositionSampler(self.rates, rng)
+        proposed = self.proposed[seed % len(self.proposed)] if self.proposed else None
+        return _ByPositionSampler(self.rates, rng, proposed)
 
 
 class _ByPositionSampler(Sampler):
-    def __init__(self, rates: tuple[float, ...], rng: np.random.Generator) -> None:
+    def __init__(self, rates: tuple[float, ...], rng: np.random.Generator,
+                 proposed: tuple[int, ...] | None = None) -> None:  # fmt: skip
         self.rates = rates
         self.rng = rng
+        self.proposed = proposed
+
+    def proposal(self, position: int) -> int | None:
+        return None if self.proposed is None else self.proposed[position % len(self.proposed)]
 
     def verify(self, offered: int, start: int = 0) -> int:
         accepted = 0

@@ -61,6 +61,50 @@ def test_a_run_that_keeps_more_drafts_than_the_profile_raises_its_rates_and_cost
     assert learn.learned_profile(base, few).pairs[0] == base.pairs[0]  # too few drafts to count
 
 
+def model_free_profile() -> object:
+    """A two-stage profile whose first stage is model-free: along each of three continuations it proposed
+    two drafts at some positions and nothing at the others (`proposed`), and kept `runs` of them; its rates
+    by position are the walk's with those proposals (`experiments.profiling.acceptance_by_position`)."""
+    from experiments.profiling import acceptance_by_position
+
+    proposed = [[2, 0, 0, 2, 2, 0, 2, 0, 0, 2] * 3, [0, 2, 2, 0, 0, 2, 0, 2, 0, 0] * 3, [2] * 30]
+    runs = [[min(p, r) for p, r in zip(along, [1, 0, 2, 2, 0, 1, 2, 0, 1, 2] * 3)] for along in proposed]
+    walk = acceptance_by_position(runs, proposed, 6)
+    base = profile(0.5)
+    target = {"name": "t", "kind": "hf", "step_s_alone": list(base.stages[1].step_s_alone),
+              "step_s_loaded": list(base.stages[1].step_s_loaded), "prefill_s_per_token": 0.001}
+    pair = {"drafter": "d", "verifier": "t", "acceptance_by_position": walk["acceptance_by_position"],
+            "proposal_rate": walk["proposal_rate"], "mean_proposal_length": walk["mean_proposal_length"],
+            "runs": runs, "proposed": proposed}  # fmt: skip
+    data = {"format": FORMAT, "version": VERSION, "hierarchy": {"name": "h", "stages": ["d", "t"]},
+            "stages": [{"name": "d", "kind": "suffix"}, target], "pairs": [pair], "sample_ids": ["a", "b", "c"],
+            "prompt_tokens": [20, 20, 20], "handoff_s": 0.0, "duration_s": 1.0}  # fmt: skip
+    return parse_profile(data)
+
+
+def test_a_model_free_drafter_learns_from_its_own_walk_and_keeps_proposing_as_it_did():
+    """The profile's own counts of a model-free drafter are its walk with its proposals (where it proposed
+    nothing, nothing was offered), so a run that keeps drafts as the profile did leaves its rates as they
+    were; the learned pair is drawn by position and still proposes where and as much as it did along the
+    continuations (never more than two drafts here, whatever the lead cap), over as many simulated
+    generations as the profile has continuations."""
+    base = model_free_profile()
+    pair = base.pairs[0]
+    offered, accepted = learn.prior_counts(pair, len(pair.acceptance_by_position))
+    assert [a / o for o, a in zip(offered, accepted) if o] == pytest.approx(
+        [r for r in pair.acceptance_by_position if r is not None][: sum(1 for o in offered if o)])
+    observed = learn.Observed()
+    observed._add_call({(0, 1): (list(offered), list(accepted))})
+    learned = learn.learned_profile(base, observed)
+    assert learned.pairs[0].acceptance_by_position == pytest.approx(pair.acceptance_by_position)
+    assert learned.pairs[0].runs == () and learned.pairs[0].proposed == pair.proposed
+    hierarchy = predict.Hierarchy.from_profile(learned)
+    assert isinstance(hierarchy.acceptance[0], predict.sim.ByPosition) and len(hierarchy.seeds) >= 3
+    for seed in range(3):
+        _, result = predict.simulate_generation(hierarchy, "pipespec", 40, lookahead=1, max_lead=8, seed=seed)
+        assert result.offered_counts[0] and max(result.offered_counts[0]) <= 2
+
+
 GREEDY = {"strategy": "greedy", "lookahead": 0, "max_lead": 8, "stages": [1]}
 
 
