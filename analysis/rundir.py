@@ -219,7 +219,17 @@ class RunStore:
         atomic_write_text(self.run_dir / CONFIG, yaml.safe_dump(dict(config), sort_keys=False))
 
     def write_env(self, env: Mapping[str, Any]) -> None:
-        atomic_write_json(self.run_dir / ENV, dict(env))
+        """The environment (machine, libraries) the run's samples are measured in. A run that holds samples
+        keeps the environment they were measured in: a resume that adds samples lists its own under
+        `resumed`, with how many samples it found (`samples_before`), so the machine behind every sample
+        stays on record. (A resume that adds nothing calls nothing here.)"""
+        path = self.run_dir / ENV
+        if not self.records or not path.is_file():
+            atomic_write_json(path, dict(env))
+            return
+        first = read_env(self.run_dir)
+        resumed = [*first.get("resumed", []), {"samples_before": len(self.records), **dict(env)}]
+        atomic_write_json(path, {**first, "resumed": resumed})
 
     def append(self, record: dict, trace: dict) -> None:
         """The trace first (atomically), then the record line, fsynced: a listed sample always has its trace."""

@@ -5,6 +5,7 @@ print one table."""
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ class CheckRunDirectory(Callback):
     with another config) would leave that directory describing a run that never happened. This runs the
     entry point's own check first: `check`, the dotted path of a function of (the composed config without
     `hydra`, the run directory) that raises an error naming the problem; the run ends with it (exit code 2)
-    and nothing is written. A single run only: a multirun's jobs are checked by the entry point alone."""
+    and nothing is written. A run it lets go on in a directory that holds an earlier invocation's `.hydra/`
+    files (a resume) keeps those of the first one (`keep_start_record`). A single run only: a multirun's jobs
+    are checked by the entry point alone."""
 
     def __init__(self, check: str):
         module, _, name = check.rpartition(".")
@@ -43,6 +46,20 @@ class CheckRunDirectory(Callback):
         except (ConfigError, RunError, ResultsError) as error:
             print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
             raise SystemExit(2) from None
+        keep_start_record(run_dir / str(config.hydra.output_subdir))
+
+
+STARTED = "started"  # beside Hydra's files of a run's latest invocation: those of the one that started it
+
+
+def keep_start_record(hydra_dir: Path) -> None:
+    """A run resumed (or run again) in its directory: Hydra is about to write this invocation's `.hydra/` files
+    over those of the invocation that started the run; the first time, those are kept in `.hydra/started/`."""
+    files = sorted(hydra_dir.glob("*.yaml"))
+    if files and not (hydra_dir / STARTED).exists():
+        (hydra_dir / STARTED).mkdir()
+        for path in files:
+            shutil.copy2(path, hydra_dir / STARTED / path.name)
 
 
 class CollectAtEnd(Callback):

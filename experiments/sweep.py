@@ -138,8 +138,10 @@ class Sweep:
             config = run_config(cfg, configuration)
             store = open_store(out_dir / configuration.name, config, bool(cfg["resume"]))
             store.write_config(config)
-            store.write_env(environment(pipe.specs))
             self.stores[configuration.name] = store
+        if self.slots():  # a finished sweep resumed measures nothing: its environment stays the measuring one
+            for store in self.stores.values():
+                store.write_env(environment(pipe.specs))
 
     def slots(self) -> list[tuple[int, int, Configuration]]:
         """(repetition, prompt index, configuration) in run order, without the finished ones."""

@@ -230,6 +230,20 @@ def record(sample_id, index, tokens):
             "time_s": 0.1 * len(tokens), "stages": []}  # fmt: skip
 
 
+def test_a_resume_keeps_the_environment_its_first_samples_ran_in_and_lists_its_own(tmp_path):
+    store = RunStore(tmp_path)
+    store.write_env({"cpu": "first", "torch": "2"})
+    store.write_env({"cpu": "first again", "torch": "2"})  # no sample yet: a fresh start
+    store.append(record("a", 0, [1, 2]), {"stages": []})
+    RunStore(tmp_path).write_env({"cpu": "second", "torch": "3"})
+    resumed = RunStore(tmp_path)
+    resumed.append(record("b", 1, [3]), {"stages": []})
+    resumed.write_env({"cpu": "third", "torch": "3"})
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env == {"cpu": "first again", "torch": "2", "resumed": [{"samples_before": 1, "cpu": "second", "torch": "3"},
+                                                                   {"samples_before": 2, "cpu": "third", "torch": "3"}]}
+
+
 def test_store_drops_a_half_written_line_and_keeps_the_rest(tmp_path):
     store = RunStore(tmp_path)
     store.append(record("a", 0, [1, 2]), {"stages": []})

@@ -73,6 +73,8 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     kept = {json.loads(line)["sample_id"]: json.loads(line)["time_s"] for line in lines[:2]}
     refused = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={copy}", CONFIGS, function="main")
     assert refused.returncode == 2 and "resume=true" in refused.stderr.strip().splitlines()[-1]
+    started = {p.name: p.read_text() for p in (copy / ".hydra").glob("*.yaml")}
+    env = json.loads((copy / "sd_L2" / "env.json").read_text())
     done = sweep(copy, CONFIGS, "resume=true")
     assert done.returncode == 0, done.stderr[-3000:]
     records, dropped = read_records(copy / "sd_L2")
@@ -80,6 +82,15 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     assert all(r["time_s"] == kept[r["sample_id"]] for r in records if r["sample_id"] in kept)
     assert [len(read_records(copy / n)[0]) for n in ("greedy", "pipespec_L0_M4")] == [4, 4]
     assert read_summary(copy / "sd_L2")["identical_to_greedy"] == "4/4"
+    # the record of how it started and of the machine its first samples ran on are kept beside the resume's
+    assert {p.name: p.read_text() for p in (copy / ".hydra" / "started").glob("*.yaml")} == started
+    assert "resume=true" in (copy / ".hydra" / "overrides.yaml").read_text()
+    resumed = json.loads((copy / "sd_L2" / "env.json").read_text())
+    assert {k: v for k, v in resumed.items() if k != "resumed"} == env
+    assert [r["samples_before"] for r in resumed["resumed"]] == [2] and resumed["resumed"][0]["cpu"] == env["cpu"]
+    again = sweep(copy, CONFIGS, "resume=true")  # finished: nothing measured, nothing of its record rewritten
+    assert again.returncode == 0 and json.loads((copy / "sd_L2" / "env.json").read_text()) == resumed
+    assert {p.name: p.read_text() for p in (copy / ".hydra" / "started").glob("*.yaml")} == started
 
 
 def test_a_started_sweep_resumes_only_as_it_started(swept, tmp_path, entry_point):
