@@ -229,8 +229,8 @@ def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
     todo = [p for p in prompts.prompts if p.sample_id not in store.finished_ids]
     if not todo and started_server:  # a finished run resumed: no stage starts, so no server to keep importing
         stop_stage_server()
-    store.write_config(run.raw)
-    if todo:  # a finished run resumed measures nothing: its environment stays the one it was measured in
+    if todo:  # a finished run resumed measures nothing: its config and environment stay as they were
+        store.write_config(run.raw)
         store.write_env(environment(list(pipe.specs)))
     if store.records:
         print(f"resuming {run_dir}: {len(store.records)} samples done, {len(todo)} to go", file=sys.stderr)

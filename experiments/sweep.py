@@ -135,13 +135,12 @@ class Sweep:
         check_run_dir(cfg, out_dir, [c.name for c in configurations])
         self.stores = {}
         for configuration in configurations:
-            config = run_config(cfg, configuration)
-            store = open_store(out_dir / configuration.name, config, bool(cfg["resume"]))
-            store.write_config(config)
-            self.stores[configuration.name] = store
-        if self.slots():  # a finished sweep resumed measures nothing: its environment stays the measuring one
-            for store in self.stores.values():
-                store.write_env(environment(pipe.specs))
+            self.stores[configuration.name] = open_store(out_dir / configuration.name, run_config(cfg, configuration),
+                                                         bool(cfg["resume"]))  # fmt: skip
+        if self.slots():  # a finished sweep resumed measures nothing: its configs and environment stay as they were
+            for configuration in configurations:
+                self.stores[configuration.name].write_config(run_config(cfg, configuration))
+                self.stores[configuration.name].write_env(environment(pipe.specs))
 
     def slots(self) -> list[tuple[int, int, Configuration]]:
         """(repetition, prompt index, configuration) in run order, without the finished ones."""

@@ -88,8 +88,10 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     resumed = json.loads((copy / "sd_L2" / "env.json").read_text())
     assert {k: v for k, v in resumed.items() if k != "resumed"} == env
     assert [r["samples_before"] for r in resumed["resumed"]] == [2] and resumed["resumed"][0]["cpu"] == env["cpu"]
-    again = sweep(copy, CONFIGS, "resume=true")  # finished: nothing measured, nothing of its record rewritten
+    config = (copy / "sd_L2" / "config.yaml").read_text()
+    again = sweep(copy, CONFIGS, "resume=true", "progress=true")  # finished: nothing measured, nothing rewritten
     assert again.returncode == 0 and json.loads((copy / "sd_L2" / "env.json").read_text()) == resumed
+    assert (copy / "sd_L2" / "config.yaml").read_text() == config
     assert {p.name: p.read_text() for p in (copy / ".hydra" / "started").glob("*.yaml")} == started
 
 
