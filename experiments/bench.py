@@ -114,12 +114,23 @@ def auto_profile_prompts(cfg: Mapping[str, Any], tokenizer, context: int | None,
     return load_prompts({**cfg, "samples": SHORT_PROMPTS, "prompt_offset": 0}, tokenizer, context, family)
 
 
+def check_run_dir(cfg: Mapping[str, Any], out_dir: str | Path) -> None:
+    """A bench runs into a directory that holds no bench: its results there would be overwritten (checked before
+    anything runs, and by `experiments.callbacks.CheckRunDirectory` before Hydra writes)."""
+    out_dir = Path(out_dir)
+    found = [p for p in (out_dir / "bench.md", out_dir / "bench.json", *out_dir.glob("*/bench.json")) if p.exists()]
+    if found:
+        raise ConfigError(f"{out_dir} already holds a bench ({found[0].relative_to(out_dir)}): choose another "
+                          "hydra.run.dir, or move it away to run it again")  # fmt: skip
+
+
 def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[str, Any]]]:
     """The whole benchmark once per dataset of `datasets` (each into out_dir/NAME, with its own
     `targets_by_dataset` on top of `targets`), or once on the composed `dataset` when it is null."""
     from experiments.benchlib.config import check_datasets
     from experiments.conf import load
 
+    check_run_dir(cfg, out_dir)
     names = check_datasets(cfg)
     if not names:
         return [(prompt_source(cfg), run_bench(cfg, out_dir))]

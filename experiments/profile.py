@@ -46,6 +46,16 @@ def read_costs_from(path: str | None) -> dict | None:
     return {**data, "path": str(file)}
 
 
+def check_run_dir(config: dict, run_dir: str | Path) -> None:
+    """A profile is measured into a directory that holds none: another one there would be lost (checked
+    before anything is measured, and by `experiments.callbacks.CheckRunDirectory` before Hydra writes)."""
+    from pipespec.errors import ConfigError
+
+    if (Path(run_dir) / PROFILE_FILE).exists():
+        raise ConfigError(f"{run_dir} already holds a profile ({PROFILE_FILE}): choose another hydra.run.dir, or "
+                          "move it away to measure again")  # fmt: skip
+
+
 def write_profile(config: dict, run_dir: str | Path) -> Path:
     """Measure the profile `config` (a composed conf/profile.yaml) describes into `run_dir`/profile.json, on
     the prompts a run of the same models, dataset and max_new_tokens would take."""
@@ -56,6 +66,7 @@ def write_profile(config: dict, run_dir: str | Path) -> Path:
     from experiments.profiling import ProfileOptions, measure_profile
     from pipespec.errors import ConfigError
 
+    check_run_dir(config, run_dir)
     options = ProfileOptions(**(config.get("profile") or {}))
     family, budget = check_family(config["models"].get("family", "base")), check_budget(config["max_new_tokens"])
     specs = resolve_stages(config["models"]["stages"])

@@ -16,8 +16,9 @@ for h in $HIERARCHIES; do
     costs="$dir/profile/profile.json"
     [[ -f $costs ]] || { echo "error: $costs missing (run scripts/validation_sweep.sh first)" >&2; exit 2; }
     # shellcheck disable=SC2086
-    "$PY" -m experiments.profile "models=$h" "dataset=$d" "dataset.ids=$(ids "$d" 10 17)" "max_new_tokens=$TOKENS" \
-      $PROFILE_OPTIONS "costs_from=$costs" "hydra.run.dir=$dir/profile_run_prompts"
+    [[ -f $dir/profile_run_prompts/profile.json ]] || "$PY" -m experiments.profile "models=$h" "dataset=$d" \
+      "dataset.ids=$(ids "$d" 10 17)" "max_new_tokens=$TOKENS" $PROFILE_OPTIONS "costs_from=$costs" \
+      "hydra.run.dir=$dir/profile_run_prompts"
     "$PY" -m analysis.validate "$dir/profile_run_prompts/profile.json" "$dir/runs" > "$dir/in_sample_acceptance.txt"
     echo "== $h $d (in-sample acceptance)" && cat "$dir/in_sample_acceptance.txt"
   done

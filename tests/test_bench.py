@@ -116,6 +116,15 @@ def test_bad_config_is_a_one_line_error(tmp_path, override, message, entry_point
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("holds", ["bench.md", "humaneval/bench.json"])
+def test_a_directory_that_holds_a_bench_is_refused_before_anything_runs(tmp_path, holds, entry_point):
+    (tmp_path / holds).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / holds).write_text("earlier results")
+    done = entry_point("experiments.bench", *TINY, f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 2 and f"already holds a bench ({holds})" in done.stderr.strip().splitlines()[-1]
+    assert (tmp_path / holds).read_text() == "earlier results" and not (tmp_path / ".hydra").exists()
+
+
 def _result(target_steps, drafter_busy, tokens, time_s, target_wall):
     drafter, target = StageTrace(0, "d"), StageTrace(1, "t")
     t = 0.0
@@ -176,7 +185,7 @@ def test_datasets_run_one_bench_each_with_their_own_targets(tmp_path, monkeypatc
     assert entry.single_dataset_argv(["samples=2"]) == ["samples=2"]
     assert entry.single_dataset_argv(["dataset=humaneval", "datasets=[humaneval]"])[-1] == "datasets=[humaneval]"
     with pytest.raises(Exception, match="unknown dataset"):
-        entry.run_datasets({"datasets": ["humaneval", "nowhere"]}, tmp_path)
+        entry.run_datasets({"datasets": ["humaneval", "nowhere"]}, tmp_path / "other")
 
 
 def test_prompt_offset_skips_the_first_prompts():

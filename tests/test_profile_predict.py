@@ -368,6 +368,13 @@ def test_costs_from_reuses_the_costs_and_measures_acceptance(tiny_profile, tmp_p
     done = entry_point("experiments.profile", *command[3:], f"hydra.run.dir={tmp_path / 'b'}", function="main")
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: costs_from")
     assert "another cpu" in done.stderr and not (tmp_path / "b" / "profile.json").exists()
+    # a directory that holds a profile: refused before anything is measured, the profile and its .hydra/ record kept
+    (tmp_path / "a" / ".hydra").mkdir(exist_ok=True)
+    kept = {p: p.read_bytes() for p in [tmp_path / "a" / "profile.json", *(tmp_path / "a" / ".hydra").glob("*")]}
+    done = entry_point("experiments.profile", *command[3:], f"hydra.run.dir={tmp_path / 'a'}", function="main")
+    assert done.returncode == 2 and "already holds a profile (profile.json)" in done.stderr.strip().splitlines()[-1]
+    assert {p: p.read_bytes() for p in kept} == kept and sorted((tmp_path / "a" / ".hydra").glob("*")) == sorted(
+        p for p in kept if p.parent.name == ".hydra")  # fmt: skip
 
 
 @pytest.mark.slow
