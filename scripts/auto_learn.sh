@@ -7,8 +7,9 @@
 #     profile, on the sweep's prompts (the 8 after the first 20);
 #  3. the dataset's paired sweep (scripts/validation_paired.sh), with every configuration the learning run
 #     ran added to the sweep's list, so each one's paired speedup is measured beside the best fixed one,
-#     interleaved with them (a sweep started before with a shorter list refuses to resume with a longer one:
-#     remove it and run this again; a configuration the run ran on some of the stages is swept on the same
+#     interleaved with them (a finished sweep is left as it is, and a configuration it lacks shows as "not in
+#     the sweep" in learning.md; an unfinished one refuses to resume with a longer list: remove it and run
+#     this again; a configuration the run ran on some of the stages is swept on the same
 #     stages, `stages` in its entry); where the run's first stage proposed token trees of T nodes (auto chose
 #     them: the size is the stage's own, fixed when it started), a sweep whose first stage proposes the same
 #     trees, sweep_TT, every configuration of it with trees;
@@ -42,7 +43,8 @@ PY
       dataset.n_samples=null max_new_tokens="$TOKENS" strategy=auto strategy.learn=true \
       strategy.profile="$OUT/$H/$o/profile/profile.json" run.progress=false hydra.run.dir="$run"
   # the token trees the run's first stage proposed (0: chains); conf/sweep.yaml's configurations, then each one
-  # the learning run ran that is not among them (by name)
+  # an earlier sweep of the same prompts holds or the learning run ran that is not among them (by name), so a
+  # sweep an earlier learning run extended resumes with its whole list
   read -r trees all < <("$PY" - "$run" <<'PY'
 import json, sys
 from pathlib import Path
@@ -54,11 +56,16 @@ trees = read_summary(Path(sys.argv[1]))["auto"]["chosen"].get("tree_nodes", 0)
 count = len(read_config(Path(sys.argv[1]))["models"]["stages"])
 entries = [dict(c) for c in compose("sweep")["configurations"]]
 names = {configuration_name(c) for c in entries}
-for line in (Path(sys.argv[1]) / "samples.jsonl").read_text().splitlines():
-    ran = sweep_configuration(json.loads(line)["auto"]["ran"], count)
-    if ran["strategy"] != "greedy" and configuration_name(ran) not in names:
-        names.add(configuration_name(ran))
-        entries.append(ran)
+sweep = Path(sys.argv[1]).parent.parent / ("sweep" if not trees else f"sweep_T{trees}")
+held = [read_config(p.parent)["strategy"] for p in sorted(sweep.glob("*/config.yaml"))
+        if p.parent.name != "greedy" and not p.parent.name.startswith(".")]
+held = [{"strategy": s["name"], **{k: s[k] for k in ("lookahead", "max_lead", "stages") if k in s}} for s in held]
+ran = [sweep_configuration(json.loads(line)["auto"]["ran"], count)
+       for line in (Path(sys.argv[1]) / "samples.jsonl").read_text().splitlines()]
+for entry in held + ran:
+    if entry["strategy"] != "greedy" and configuration_name(entry) not in names:
+        names.add(configuration_name(entry))
+        entries.append(entry)
 print(trees, "[" + ",".join("{" + ", ".join(f"{k}: {v}" for k, v in e.items()) + "}" for e in entries) + "]")
 PY
 )

@@ -26,9 +26,11 @@ for h in $HIERARCHIES; do
     sweep="$dir/$SWEEP_NAME" validation="$dir/validation${SWEEP_NAME#sweep}"
     resume=false
     [ -d "$sweep/greedy" ] && resume=true
-    "$PY" -m experiments.sweep models="$h" dataset="$d" samples="$SAMPLES" prompt_offset=20 \
-        repetitions="$REPETITIONS" max_new_tokens="$TOKENS" profile="$dir/profile/profile.json" resume="$resume" \
-        progress=false hydra.run.dir="$sweep" ${SWEEP_CONFIGURATIONS:+"$SWEEP_CONFIGURATIONS"} ${SWEEP_OVERRIDES:-}
+    # a finished sweep (its paired table written) is left as it is: resuming it would measure nothing
+    [ -f "$sweep/paired.json" ] || "$PY" -m experiments.sweep models="$h" dataset="$d" samples="$SAMPLES" \
+        prompt_offset=20 repetitions="$REPETITIONS" max_new_tokens="$TOKENS" profile="$dir/profile/profile.json" \
+        resume="$resume" progress=false hydra.run.dir="$sweep" ${SWEEP_CONFIGURATIONS:+"$SWEEP_CONFIGURATIONS"} \
+        ${SWEEP_OVERRIDES:-}
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$sweep" > "$validation.txt"
     "$PY" -m analysis.validate "$dir/profile/profile.json" "$sweep" --json > "$validation.json"
     load "$h $d done"
