@@ -181,13 +181,16 @@ class Sweep:
                  "stages": [t.to_dict() for t in result.stage_traces]}  # fmt: skip
         self.stores[configuration.name].append(record, trace)
 
-    def finish(self) -> list:
-        """Each run's summary (greedy's first: the others find it as their reference), then the paired table."""
+    def finish(self, measured: bool = True) -> list:
+        """Each run's summary (greedy's first: the others find it as their reference), then the paired table.
+        `measured` False (a finished sweep resumed): the summaries a run already has are left as they are."""
         from analysis.paired import format_table, paired_speedups, sweep_samples
-        from analysis.rundir import atomic_write_json, atomic_write_text, refresh_reference, summarize_run
+        from analysis.rundir import SUMMARY, atomic_write_json, atomic_write_text, refresh_reference, summarize_run
 
         for configuration in self.configurations:
             store = self.stores[configuration.name]
+            if not measured and (store.run_dir / SUMMARY).exists():
+                continue
             config = run_config(self.cfg, configuration)
             expected = self.cfg["repetitions"] * len(self.prompts)
             store.write_summary(summarize_run(config, store.records, complete=len(store.records) == expected))
@@ -320,7 +323,7 @@ def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
         for repetition, index, configuration in bar:
             bar.set_postfix_str(f"rep {repetition + 1} {configuration.name}", refresh=False)
             sweep.run_one(repetition, index, configuration)
-    return sweep.finish()
+    return sweep.finish(measured=bool(slots))
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="sweep")

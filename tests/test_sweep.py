@@ -88,11 +88,13 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     resumed = json.loads((copy / "sd_L2" / "env.json").read_text())
     assert {k: v for k, v in resumed.items() if k != "resumed"} == env
     assert [r["samples_before"] for r in resumed["resumed"]] == [2] and resumed["resumed"][0]["cpu"] == env["cpu"]
-    config = (copy / "sd_L2" / "config.yaml").read_text()
-    again = sweep(copy, CONFIGS, "resume=true", "progress=true")  # finished: nothing measured, nothing rewritten
-    assert again.returncode == 0 and json.loads((copy / "sd_L2" / "env.json").read_text()) == resumed
-    assert (copy / "sd_L2" / "config.yaml").read_text() == config
-    assert {p.name: p.read_text() for p in (copy / ".hydra" / "started").glob("*.yaml")} == started
+    moved = tmp_path / "moved"  # finished, and moved (its summaries name their greedy run by its old path)
+    shutil.copytree(copy, moved)
+    written = {p: p.read_bytes() for n in ("greedy", "sd_L2") for p in (moved / n).glob("*.*")
+               if p.name in ("config.yaml", "summary.json", "env.json")}  # fmt: skip
+    again = sweep(moved, CONFIGS, "resume=true")  # nothing measured, nothing of its record rewritten
+    assert again.returncode == 0 and "| sd_L2 |" in again.stdout and {p: p.read_bytes() for p in written} == written
+    assert {p.name: p.read_text() for p in (moved / ".hydra" / "started").glob("*.yaml")} == started
 
 
 def test_a_started_sweep_resumes_only_as_it_started(swept, tmp_path, entry_point):
