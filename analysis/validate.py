@@ -737,9 +737,10 @@ def count_prompt_spreads(records: Sequence[Mapping], names: Sequence[str], seed:
     by_prompt: dict[str, list[Mapping]] = {}
     for record in records:
         by_prompt.setdefault(str(record["slot"]["prompt"]), []).append(record)
-    if len(by_prompt) < 2:
-        return [None] * len(count_values(records, names))
     per_prompt = [pooled_stages(group, names) for _, group in sorted(by_prompt.items())]
+    centers = counts_of([pool(stages) for stages in zip(*per_prompt)], names)  # `count_values` of every sample
+    if len(per_prompt) < 2:
+        return [None] * len(centers)
     columns = [f.name for f in fields(StageStats)]
     table = np.array([[[getattr(stats, c) for c in columns] for stats in stages] for stages in per_prompt], float)
     picks = np.random.default_rng(seed).integers(0, len(per_prompt), size=(resamples, len(per_prompt)))
@@ -747,7 +748,7 @@ def count_prompt_spreads(records: Sequence[Mapping], names: Sequence[str], seed:
     drawn = np.einsum("rp,psc->rsc", weights, table)  # per draw, per stage, the pooled fields
     values = [counts_of([StageStats(**dict(zip(columns, stage))) for stage in draw], names) for draw in drawn]
     spreads = []
-    for i, (_, _, center) in enumerate(count_values(records, names)):
+    for i, (_, _, center) in enumerate(centers):
         found = np.array([v[i][2] for v in values if v[i][2] is not None], float)
         if center is None or center == 0 or len(found) < len(values):
             spreads.append(None)
@@ -844,7 +845,7 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
     factors = greedy_reading.per_sample
     if not factors:
         raise ResultsError(f"{sweep.path / REFERENCE}: its traces have no decode steps to gauge the machine's speed")
-    greedy = predict_run(profile, greedy_run)
+    greedy, machine_speed = predict_run(profile, greedy_run), statistics.median(factors)
     records, notes = [], []
     for name in [REFERENCE, *(n for n in sweep.speedups if n != REFERENCE)]:  # then fastest measured first
         problem = why_not(sweep.runs[name])
@@ -852,7 +853,7 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
             notes.append(f"{name}: cannot be predicted: {problem}")
             continue
         reading = greedy_reading if name == REFERENCE else speed_factors(sweep.runs[name], profile)
-        records.append(check_configuration(profile, sweep, name, greedy, statistics.median(factors), reading))
+        records.append(check_configuration(profile, sweep, name, greedy, machine_speed, reading))
     measured = {r.configuration: r.measured_speedup for r in records}
     best = max(measured, key=measured.get)
     return SweepReport(

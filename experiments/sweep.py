@@ -133,14 +133,14 @@ class Sweep:
         self.profile_target = profile_target  # the profile's target stage (`analysis.profile.StageProfile`), or None
         self.forget = bool(cfg["forget_outputs"]) and any(s.kind == "suffix" for s in pipe.specs)
         check_run_dir(cfg, out_dir, [c.name for c in configurations])
-        self.stores = {}
-        for configuration in configurations:
-            self.stores[configuration.name] = open_store(out_dir / configuration.name, run_config(cfg, configuration),
-                                                         bool(cfg["resume"]))  # fmt: skip
-        if self.slots():  # a finished sweep resumed measures nothing: its configs and environment stay as they were
-            for configuration in configurations:
-                self.stores[configuration.name].write_config(run_config(cfg, configuration))
-                self.stores[configuration.name].write_env(environment(pipe.specs))
+        configs = {c.name: run_config(cfg, c) for c in configurations}
+        self.stores = {name: open_store(out_dir / name, config, bool(cfg["resume"])) for name, config in configs.items()}
+        self.todo = self.slots()  # empty: a finished sweep resumed, which measures nothing and rewrites none of its runs
+        if self.todo:
+            env = environment(pipe.specs)
+            for name, store in self.stores.items():
+                store.write_config(configs[name])
+                store.write_env(env)
 
     def slots(self) -> list[tuple[int, int, Configuration]]:
         """(repetition, prompt index, configuration) in run order, without the finished ones."""
@@ -181,15 +181,15 @@ class Sweep:
                  "stages": [t.to_dict() for t in result.stage_traces]}  # fmt: skip
         self.stores[configuration.name].append(record, trace)
 
-    def finish(self, measured: bool = True) -> list:
-        """Each run's summary (greedy's first: the others find it as their reference), then the paired table.
-        `measured` False (a finished sweep resumed): the summaries a run already has are left as they are."""
+    def finish(self) -> list:
+        """Each run's summary (greedy's first: the others find it as their reference), then the paired table;
+        a finished sweep resumed (nothing to do) leaves the summaries its runs have as they are."""
         from analysis.paired import format_table, paired_speedups, sweep_samples
         from analysis.rundir import SUMMARY, atomic_write_json, atomic_write_text, refresh_reference, summarize_run
 
         for configuration in self.configurations:
             store = self.stores[configuration.name]
-            if not measured and (store.run_dir / SUMMARY).exists():
+            if not self.todo and (store.run_dir / SUMMARY).exists():
                 continue
             config = run_config(self.cfg, configuration)
             expected = self.cfg["repetitions"] * len(self.prompts)
@@ -314,7 +314,7 @@ def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
     pipe = Pipeline(specs, stall_timeout_s=cfg["stall_timeout_s"], start_timeout_s=cfg["start_timeout_s"])
     prompts = sweep_prompts(cfg, pipe.tokenizer, pipe.context_length)
     sweep = Sweep(cfg, Path(out_dir), configurations, pipe, prompts, target)
-    slots = sweep.slots()
+    slots = sweep.todo
     with pipe:
         if slots:
             sweep.warm_up()
@@ -323,7 +323,7 @@ def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
         for repetition, index, configuration in bar:
             bar.set_postfix_str(f"rep {repetition + 1} {configuration.name}", refresh=False)
             sweep.run_one(repetition, index, configuration)
-    return sweep.finish(measured=bool(slots))
+    return sweep.finish()
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="sweep")
