@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -375,11 +375,15 @@ def _is_lookup(trace: StageTrace) -> bool:
 
 def _overlap(stage: int, traces: Sequence[StageTrace]) -> list[float]:
     """Per step of ``stage``: other model stages computing during it (time weighted, 0..k-1)."""
-    own = traces[stage].steps
-    intervals = [
-        (np.asarray(tr.steps["t_start"], dtype=float), np.asarray(tr.steps["t_end"], dtype=float))
-        for i, tr in enumerate(traces) if i != stage and not _is_lookup(tr) and tr.steps["kind"]
-    ]
+    others = [tr.steps for i, tr in enumerate(traces) if i != stage and not _is_lookup(tr) and tr.steps["kind"]]
+    return overlap_with(traces[stage].steps, others)
+
+
+def overlap_with(own: Mapping[str, Sequence[float]], others: Sequence[Mapping[str, Sequence[float]]]) -> list[float]:
+    """Per step of `own` (trace columns): how many of the `others` (the other model stages' columns) computed
+    during it, time weighted (0 .. len(others))."""
+    intervals = [(np.asarray(steps["t_start"], dtype=float), np.asarray(steps["t_end"], dtype=float))
+                 for steps in others]  # fmt: skip
     result = []
     for start, end in zip(own["t_start"], own["t_end"]):
         duration = end - start

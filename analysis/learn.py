@@ -10,9 +10,17 @@ machine profile `auto` ranks configurations with, so the next call can run a bet
   kept: by draft position, drafts offered there (every earlier one kept) and kept. Those counts are added to
   the profile's own (its walk along the continuations, `analysis.profile.walk_counts`), and the pair's rates
   by position become the pooled ratio (the simulator then draws by position, `simulate.ByPosition`).
-- **Costs.** Each model stage's measured step seconds against the profile's t(n) for the same steps give the
-  stage's speed on this run (`analysis.paired.speed_factor`'s ratio, pooled over the calls): its t(n) is scaled
-  by it, so stages whose speed differs from the profile's (contention, another kernel) are ranked as they run.
+- **Costs.** Each model stage's measured step seconds against the profile's t(n) for the same steps, how many
+  other model stages computed during each step (`analysis.fit.overlap_with`) and whether the step came after
+  a wait (it started more than `BACK_TO_BACK_S` after the stage's previous one) give the stage's costs on
+  this run: seconds = speed x t(n) x (1 + contention x others + wake x waited), by least squares over the
+  calls' steps, each call at a speed of its own (the machine drifts between calls), the two terms shared and
+  >= 0 (`StepCosts.fitted`). Contention is fitted where calls that show both hold at least `MIN_REGIME_STEPS`
+  steps that ran mostly alone and as many mostly beside another stage, wake where they hold as many after a
+  wait and as many right after the stage's own step; otherwise the profile's is kept (and the speed is the
+  pooled ratio, `analysis.paired.speed_factor`'s, where neither is shown). So a configuration that runs its
+  stages side by side is priced with the contention this run showed, and one whose stages wait for each
+  other (sd) with the cost of waking that it showed.
 - **The switch.** Every configuration is predicted again on the learned profile (`analysis.predict.sweep`); the
   run switches when the best one is predicted faster than the current one beyond the 95% interval of that
   gain (`gain_interval`: a bootstrap over what the acceptance was learned from, the profile's prompts and
@@ -28,11 +36,15 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from analysis.predict import INTERVAL_Z, predict_profile, sweep
+from scipy.optimize import minimize
+
+from analysis.fit import MIN_REGIME_STEPS, overlap_with
+from analysis.paired import BACK_TO_BACK_S
+from analysis.predict import INTERVAL_Z, predict_profile, sample_cost, sweep
 from analysis.profile import PairProfile, Profile, StageProfile, walk_counts
 
 MIN_OFFERED = 8  # drafts a pair must have been offered at its first position before its observations count
@@ -48,26 +60,30 @@ Counts = tuple[list[int], list[int]]  # drafts offered and kept, by draft positi
 @dataclass
 class Observed:
     """What a run's calls added: per (drafter, verifier) pair of profile stages, drafts offered and kept by
-    position, pooled and per call; per profile stage, measured step seconds and the profile's t(n) for the
-    same steps."""
+    position, pooled and per call; per profile stage and step, its measured seconds, the profile's t(n) for
+    it, how many other model stages computed meanwhile and whether it came after a wait (`StepCosts`)."""
 
     offered: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    measured_s: dict[int, float] = field(default_factory=dict)
-    profile_s: dict[int, float] = field(default_factory=dict)
+    costs: dict[int, "StepCosts"] = field(default_factory=dict)
     calls: int = 0
     per_call: list[dict[tuple[int, int], Counts]] = field(default_factory=list)
 
-    def add(self, profile: Profile, stage_indices: Sequence[int], traces: Sequence[Any]) -> None:
+    def add(self, profile: Profile, stage_indices: Sequence[int], traces: Sequence[Any],
+            prompt_tokens: int | None = None) -> None:  # fmt: skip
         """One call's traces (`pipespec.trace.StageTrace`, or their dicts), the stages that ran in order;
-        `stage_indices`: their positions in the profile's hierarchy."""
+        `stage_indices`: their positions in the profile's hierarchy; `prompt_tokens` where known: each step
+        priced at its own context where the profile measured how the cost grows with it (`sample_cost`)."""
         steps = [t["steps"] if isinstance(t, Mapping) else t.steps for t in traces]
+        models = [p for p, stage in enumerate(stage_indices) if not profile.stages[stage].model_free]
         call = {}
         for position, (stage, columns) in enumerate(zip(stage_indices, steps)):
             if position > 0:
                 call[(stage_indices[position - 1], stage)] = verification_counts(columns)
-            if not profile.stages[stage].model_free:
-                self._add_costs(stage, columns, profile.stages[stage].step_s_alone)
+            if position in models:
+                others = [steps[p] for p in models if p != position and steps[p]["kind"]]
+                cost = sample_cost(profile.stages[stage], prompt_tokens)
+                self.costs.setdefault(stage, StepCosts()).add(columns, cost, others)
         self._add_call(call)
 
     def _add_call(self, call: dict[tuple[int, int], Counts]) -> None:
@@ -84,25 +100,108 @@ class Observed:
 
     def drawn(self, calls: Sequence[int]) -> "Observed":
         """The same run with its acceptance counts from `calls` (indices into `per_call`, repeats allowed);
-        the stages' speeds as measured."""
-        observed = Observed(measured_s=dict(self.measured_s), profile_s=dict(self.profile_s))
+        the stages' costs as measured."""
+        observed = Observed(costs=dict(self.costs))
         for index in calls:
             observed._add_call(self.per_call[index])
         return observed
 
-    def _add_costs(self, stage: int, columns: Mapping[str, Sequence], step_s: Sequence[float]) -> None:
-        from analysis.paired import profile_seconds
-
-        rows = range(1, len(columns["fed"]))  # the first step reads the prompt
-        self.measured_s[stage] = self.measured_s.get(stage, 0.0) + sum(
-            columns["t_end"][i] - columns["t_start"][i] for i in rows)  # fmt: skip
-        predicted = profile_seconds(columns, step_s, rows)
-        self.profile_s[stage] = self.profile_s.get(stage, 0.0) + predicted
-
     def speed(self, stage: int) -> float | None:
         """The stage's measured step seconds over the profile's for the same steps (None: none measured)."""
-        predicted = self.profile_s.get(stage, 0.0)
-        return self.measured_s[stage] / predicted if predicted > 0 else None
+        costs = self.costs.get(stage)
+        return costs.speed() if costs is not None else None
+
+    def stage_costs(self, stage: int) -> "StageCosts":
+        """The stage's costs on this run (`StepCosts.fitted`; speed None: no steps)."""
+        costs = self.costs.get(stage)
+        return costs.fitted() if costs is not None else StageCosts(None)
+
+
+class StageCosts(NamedTuple):
+    """A model stage's costs on a run against its profile: its speed (step seconds over the profile's t(n)), its
+    contention (the share a step costs more per other model stage computing) and its wake (the share a step
+    after a wait costs more); contention and wake None where the run does not show them."""
+
+    speed: float | None
+    contention: float | None = None
+    wake: float | None = None
+
+
+@dataclass
+class StepCosts:
+    """One model stage's decode steps on a run: measured seconds, the profile's t(n) for each, the other model
+    stages computing during it (time weighted), whether it came after a wait, and which call it was of."""
+
+    measured: list[float] = field(default_factory=list)
+    profile: list[float] = field(default_factory=list)
+    others: list[float] = field(default_factory=list)
+    waited: list[bool] = field(default_factory=list)
+    call: list[int] = field(default_factory=list)
+    _fitted: StageCosts | None = field(default=None, repr=False, compare=False)  # `fitted`, until the next `add`
+
+    def add(self, columns: Mapping[str, Sequence], cost, others: Sequence[Mapping]) -> None:
+        """One call's steps of the stage (its trace columns; the first, which reads the prompt, left out), `cost`
+        the profile's t(n) (`analysis.paired.profile_step_seconds`), `others` the other model stages' columns."""
+        from analysis.paired import profile_step_seconds
+
+        profile, overlap = profile_step_seconds(columns, cost), overlap_with(columns, others)
+        call = self.call[-1] + 1 if self.call else 0
+        self._fitted = None
+        for i in range(1, len(columns["fed"])):
+            self.measured.append(columns["t_end"][i] - columns["t_start"][i])
+            self.profile.append(profile[i])
+            self.others.append(overlap[i])
+            self.waited.append(columns["t_start"][i] - columns["t_end"][i - 1] > BACK_TO_BACK_S)
+            self.call.append(call)
+
+    def speed(self) -> float | None:
+        """Measured seconds over the profile's, pooled (None: no steps)."""
+        total = sum(self.profile)
+        return sum(self.measured) / total if total > 0 else None
+
+    def fitted(self) -> StageCosts:
+        """`_fit`, once per steps added (a learning run's bootstrap asks for it on every replicate)."""
+        if self._fitted is None:
+            self._fitted = self._fit()
+        return self._fitted
+
+    def _fit(self) -> StageCosts:
+        """Speed, contention and wake from seconds = speed_call x t(n) x (1 + contention x others + wake x waited):
+        each call at a speed of its own (the machine drifts between calls, so a regime one call ran in alone
+        must not pass for one of its costs), the terms shared, by least squares (terms >= 0, each call's speed
+        solved for given the terms, the terms by a bounded minimisation); a term only where calls that show both
+        of its regimes hold `MIN_REGIME_STEPS` steps of each (mostly alone and mostly beside another stage;
+        after a wait and right after its own step), else None. The speed: the calls' pooled. With neither
+        term, the pooled `speed`."""
+        speed = self.speed()
+        t, m = np.asarray(self.profile, dtype=float), np.asarray(self.others, dtype=float)
+        a, call = np.asarray(self.waited, dtype=float), np.unique(self.call, return_inverse=True)[1]
+        terms = [column for column, regime in ((t * m, m >= 0.5), (t * a, a > 0)) if _shown(regime, call)]
+        if speed is None or not terms:
+            return StageCosts(speed)
+        y = np.asarray(self.measured, dtype=float)
+
+        def fit(shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # each call's best speed given the terms
+            cost = t + sum(share * column for share, column in zip(shares, terms))  # t(n) x (1 + ...)
+            return cost, (np.bincount(call, y * cost) / np.bincount(call, cost * cost))[call]
+
+        def loss(shares: np.ndarray) -> float:
+            cost, speeds = fit(shares)
+            return float(np.sum((y - speeds * cost) ** 2) / np.sum(y * y))
+
+        shares = minimize(loss, np.zeros(len(terms)), method="L-BFGS-B", bounds=[(0.0, None)] * len(terms),
+                          options={"ftol": 1e-15, "gtol": 1e-10}).x  # fmt: skip
+        cost, _ = fit(shares)
+        shown = iter(float(share) for share in shares)
+        contention, wake = (next(shown) if _shown(regime, call) else None for regime in (m >= 0.5, a > 0))
+        return StageCosts(float(np.sum(y * cost) / np.sum(cost * cost)), contention, wake)
+
+
+def _shown(regime: np.ndarray, call: np.ndarray) -> bool:
+    """Whether the calls that show both sides of `regime` hold `MIN_REGIME_STEPS` steps of each side."""
+    on, off = np.bincount(call, regime.astype(float)), np.bincount(call, (~regime).astype(float))
+    mixed = (on > 0) & (off > 0)
+    return min(on[mixed].sum(), off[mixed].sum()) >= MIN_REGIME_STEPS
 
 
 def verification_counts(columns: Mapping[str, Sequence]) -> Counts:
@@ -153,21 +252,32 @@ def learned_pair(pair: PairProfile, offered: Sequence[int], accepted: Sequence[i
     return replace(pair, acceptance_by_position=tuple(rates), runs=())
 
 
-def learned_stage(stage: StageProfile, speed: float | None) -> StageProfile:
-    if speed is None or stage.model_free:
+def learned_stage(stage: StageProfile, costs: StageCosts, others: int = 1) -> StageProfile:
+    """The stage as a run measured it (`StageCosts`): t(n) scaled by its speed; with a contention the run showed,
+    its t(n) loaded (every one of the profile's `others` model stages computing) that much slower per other
+    stage, else the profile's loaded t(n) scaled alike; with a wake the run showed, that one."""
+    if costs.speed is None or stage.model_free:
         return stage
-    return replace(stage, step_s_alone=tuple(t * speed for t in stage.step_s_alone),
-                   step_s_loaded=tuple(t * speed for t in stage.step_s_loaded))  # fmt: skip
+    alone = tuple(t * costs.speed for t in stage.step_s_alone)
+    loaded = (tuple(t * costs.speed for t in stage.step_s_loaded) if costs.contention is None
+              else tuple(t * (1.0 + costs.contention * others) for t in alone))  # fmt: skip
+    return replace(stage, step_s_alone=alone, step_s_loaded=loaded, wake=stage.wake if costs.wake is None else costs.wake)
+
+
+def learned_costs(profile: Profile, observed: Observed) -> Profile:
+    """The profile with each model stage's costs as the run measured them (`learned_stage`), its acceptance kept."""
+    others = sum(not s.model_free for s in profile.stages) - 1
+    stages = tuple(learned_stage(s, observed.stage_costs(i), others) for i, s in enumerate(profile.stages))
+    return replace(profile, stages=stages)
 
 
 def learned_profile(profile: Profile, observed: Observed) -> Profile:
-    """The profile with a run's observations folded in (its acceptance counts added, its stages' speeds)."""
+    """The profile with a run's observations folded in (its acceptance counts added, its stages' costs)."""
     pairs = tuple(learned_pair(pair, observed.offered.get((i, i + 1), ()), observed.accepted.get((i, i + 1), ()))
                   for i, pair in enumerate(profile.pairs))  # fmt: skip
     skips = tuple((d, v, learned_pair(pair, observed.offered.get((d, v), ()), observed.accepted.get((d, v), ())))
                   for d, v, pair in profile.skip_pairs)  # fmt: skip
-    stages = tuple(learned_stage(s, observed.speed(i)) for i, s in enumerate(profile.stages))
-    return replace(profile, pairs=pairs, skip_pairs=skips, stages=stages)
+    return replace(learned_costs(profile, observed), pairs=pairs, skip_pairs=skips)
 
 
 @dataclass(frozen=True)

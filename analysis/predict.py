@@ -19,7 +19,8 @@ the same. This predictor prices seconds and adds what the paper leaves out:
   (message handling between its own steps); where the profile timed t(n) at two contexts, each step at its
   own context, the prompt plus the stage's cached tokens (`stage_cost`, `simulate.ContextCost`);
 - CPU contention: a stage's step slows by (1 + s_i) per other stage computing at the same time, as
-  processor sharing (the simulator's ``contention``);
+  processor sharing (the simulator's ``contention``); and a step after the stage waited costs (1 + w_i)
+  (the simulator's ``wake``: 0 from a profile, whose t(n) is timed back to back; a run learns it);
 - the rate at which each drafter can supply drafts (a model drafter: one token per t(1); prompt lookup:
   a drafter whose proposals cost ~0 and take no core, with a proposal after each commit with its
   supply probability), the waits of a verifier for its drafter (lookahead), the lead cap (max_lead) and
@@ -162,6 +163,7 @@ class StageModel:
     contention: float | None = 0.0  # slowdown per other model stage computing meanwhile; None: shares no core
     supply: float | None = None  # lookup: chance of a proposal after each commit (None: always)
     overhead_s: float = 0.0  # between two of its own steps: publishing, reading messages
+    wake: float = 0.0  # the share a step costs more after the stage waited (`simulate.simulate_pipespec`)
 
     def step_cost(self, with_overhead: bool = True) -> sim.StageCost | sim.TableCost | sim.ContextCost:
         """t(n) of one step, the per-step overhead included unless ``with_overhead`` is False."""
@@ -249,7 +251,7 @@ class Hierarchy:
                 continue
             # measured t(n): not smooth on every CPU; and where measured, how it grows with the context
             played.append(StageModel(stage.name, stage_cost(stage), "model", stage.prefill_s_per_token,
-                                     _fit(profile, i).contention))  # fmt: skip
+                                     _fit(profile, i).contention, wake=stage.wake))  # fmt: skip
         accepting = [acceptance(p) for p in pairs]
         if tree_nodes:
             accepting[0] = tree_acceptance(profile, stages, tree_nodes)
@@ -410,15 +412,17 @@ def simulate_generation(hierarchy: Hierarchy, strategy: str, tokens: int, lookah
         return sim.simulate_autoregressive(hierarchy.target.step_cost(), tokens).total_time, None
     costs = [s.step_cost(with_overhead=strategy != "sd" or i == 0) for i, s in enumerate(hierarchy.stages)]
     acceptance, supply = list(hierarchy.acceptance), [s.supply for s in hierarchy.stages]
+    wake = [s.wake for s in hierarchy.stages]
     if strategy == "sd":
         result = sim.simulate_sync_sd(costs, acceptance, lookahead, tokens, seed=seed, supply=supply,
-                                      end_at_budget=hierarchy.end_at_budget, size_verification=size_verification)
+                                      end_at_budget=hierarchy.end_at_budget, size_verification=size_verification,
+                                      wake=wake)  # fmt: skip
         return result.total_time + sd_handoff_s(hierarchy, result.target_steps), result
     if strategy == "pipespec":
         result = sim.simulate_pipespec(
             costs, acceptance, tokens, lookahead=lookahead, max_lead=max(max_lead, lookahead, 1),
             rollback_delay=hierarchy.handoff_s, seed=seed, contention=_contention(hierarchy), supply=supply,
-            end_at_budget=hierarchy.end_at_budget, size_verification=size_verification,
+            end_at_budget=hierarchy.end_at_budget, size_verification=size_verification, wake=wake,
         )  # fmt: skip
         return result.total_time, result
     raise ValueError(f"unknown strategy {strategy!r}")
@@ -561,6 +565,11 @@ def check_stages(profile: Profile, stages: Sequence[int] | None) -> tuple[int, .
         raise ConfigError(f"stages {list(stages)}: the profile has no acceptance for a pair of them (measure a "
                           "profile with skip_pairs: python -m experiments.profile)")  # fmt: skip
     return stages
+
+
+def profile_contention(profile: Profile, stage: int) -> float:
+    """The profile's contention of a model stage: its slowdown per other model stage computing (`_fit`)."""
+    return _fit(profile, stage).contention
 
 
 def _fit(profile: Profile, stage: int) -> fit.CostFit:

@@ -47,6 +47,9 @@ class StageProfile:
     # measured before 2026-12-06 (their t(n) holds at every context)
     context_tokens: int = 0
     context_slopes: tuple[tuple[int, float], ...] = ()
+    # the share a step costs more after the stage waited than right after its own step: 0 in every profile (t(n)
+    # is timed back to back); a run learns it (`analysis.learn.StepCosts`)
+    wake: float = 0.0
 
     @property
     def model_free(self) -> bool:

@@ -85,6 +85,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from analysis.fit import estimate_alpha
+from analysis.paired import BACK_TO_BACK_S
 from pipespec import buffers
 from pipespec.protocol import Role
 from pipespec.schedule import (
@@ -439,6 +440,16 @@ def _check_supply(supply, n_stages: int) -> list[float | None]:
     return supply
 
 
+def _check_wake(wake: Sequence[float] | None, n_stages: int) -> list[float]:
+    """Per stage, the extra cost of a step after a wait (`simulate_pipespec`): 0 each when None."""
+    if wake is None:
+        return [0.0] * n_stages
+    wake = [float(w) for w in wake]
+    if len(wake) != n_stages or not all(math.isfinite(w) and w >= 0 for w in wake):
+        raise ValueError(f"wake needs one value >= 0 per stage ({n_stages}), got {wake!r}")
+    return wake
+
+
 def _check_int(value: int, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -616,6 +627,7 @@ def simulate_sync_sd(
     supply: Sequence[float | None] | None = None,
     end_at_budget: bool = False,
     size_verification: bool = False,
+    wake: Sequence[float] | None = None,
 ) -> SimResult:
     """Synchronous (tiered) chain speculative decoding: the engine's ``sd`` roles with window ``gamma``.
 
@@ -628,12 +640,12 @@ def simulate_sync_sd(
     ``acceptances``: one alpha / ``Bernoulli`` / ``Replay`` / count list per pair. ``supply``: optional,
     per stage; ``supply[0]`` is the probability that the first stage has a window to propose when a
     commit reaches it (prompt lookup finds no match otherwise: the round is a one-token step).
-    ``end_at_budget``: see ``simulate_pipespec``.
+    ``end_at_budget``, ``wake``: see ``simulate_pipespec``.
     """
     gamma = _check_int(gamma, "gamma", 0)
     return Simulation(
         "sd", costs, acceptances, max_new_tokens, lookahead=gamma, max_lead=max(gamma, 1), seed=seed,
-        supply=supply, end_at_budget=end_at_budget, size_verification=size_verification,
+        supply=supply, end_at_budget=end_at_budget, size_verification=size_verification, wake=wake,
     ).run()  # fmt: skip
 
 
@@ -651,6 +663,7 @@ def simulate_pipespec(
     end_at_budget: bool = False,
     size_verification: bool = False,
     cascade: bool = False,
+    wake: Sequence[float] | None = None,
 ) -> SimResult:
     """Asynchronous k-stage PipeSpec pipeline: the engine's ``pipespec`` roles.
 
@@ -676,6 +689,8 @@ def simulate_pipespec(
     ``end_at_budget``: False (default) measures the first ``max_new_tokens`` tokens of an endless
     generation (steady state; the last step may overshoot). True stops like the engine at a budget of
     ``max_new_tokens``: verifiers take at most room - 1 drafts, drafters stop one token short of it.
+    ``wake``: optional, per stage, the relative extra cost of a step that starts more than `BACK_TO_BACK_S`
+    after the stage's previous step ended (it waited: the engine's step after a wait); None: none.
     """
     lookahead = _check_int(lookahead, "lookahead", 0)
     max_lead = _check_int(max_lead, "max_lead", max(lookahead, 1))
@@ -685,6 +700,7 @@ def simulate_pipespec(
         "pipespec", costs, acceptances, max_new_tokens, lookahead=lookahead, max_lead=max_lead,
         verify_window=verify_window, rollback_delay=rollback_delay, seed=seed, contention=contention,
         supply=supply, end_at_budget=end_at_budget, size_verification=size_verification, cascade=cascade,
+        wake=wake,
     ).run()  # fmt: skip
 
 
@@ -757,6 +773,7 @@ class SimulatedStage:
         self.step_end = 0.0
         self.step_drafts: list[int] = []
         self.step_proposal = 1  # tokens the first stage's step appends (a model-free proposal: several)
+        self.last_end: float | None = None  # when its previous step ended (None: none yet)
         # with contention: seconds of solo computing left in its step, the speed it progresses at now, and
         # a version bumped when the step is rescheduled (older completion events are ignored)
         self.work_left = 0.0
@@ -827,7 +844,10 @@ class SimulatedStage:
         self.step_start = now
         sampler = self.acceptance
         fed = sampler.fed(len(drafts), len(self.buffer)) if isinstance(sampler, _TreeSampler) else len(drafts)
-        self.step_end = now + simulation.step_time(self.index, len(self.buffer) - self.cached + fed, self.cached)
+        seconds = simulation.step_time(self.index, len(self.buffer) - self.cached + fed, self.cached)
+        if self.last_end is not None and now - self.last_end > BACK_TO_BACK_S:  # after a wait
+            seconds *= 1.0 + simulation.wake[self.index]
+        self.step_end = now + seconds
         self.step_drafts = drafts
         if simulation.contention is not None:
             self.work_left = self.step_end - now  # scheduled by share_cores once everyone's state is known
@@ -842,6 +862,7 @@ class SimulatedStage:
         self.busy = False
         self.steps += 1
         self.busy_time += now - self.step_start
+        self.last_end = now
         produced_from = len(self.buffer)
         if self.upstream is None:  # a model drafts one token a step; a model-free drafter a run of them at once
             self.cached = len(self.buffer)
@@ -969,10 +990,12 @@ class Simulation:
     def __init__(self, strategy: str, costs, acceptances, max_new_tokens: int, lookahead: int, max_lead: int,
                  verify_window: int | None = None, rollback_delay: float = 0.0, seed: int = 0,
                  contention: Sequence[float | None] | None = None, supply: Sequence[float | None] | None = None,
-                 end_at_budget: bool = False, size_verification: bool = False, cascade: bool = False) -> None:  # fmt: skip
+                 end_at_budget: bool = False, size_verification: bool = False, cascade: bool = False,
+                 wake: Sequence[float] | None = None) -> None:  # fmt: skip
         costs, acceptances, max_new_tokens, contention, supply = _check_schedule_inputs(
             costs, acceptances, max_new_tokens, rollback_delay, contention, supply
         )
+        self.wake = _check_wake(wake, len(costs))
         self.strategy = strategy
         self.max_new_tokens = max_new_tokens
         self.budget = max_new_tokens if end_at_budget else UNBOUNDED

@@ -24,6 +24,10 @@ from the profile (`predict_run`) at its mean new tokens and prompt tokens:
   (1 - its measured speedup / the best measured);
 - each model stage's steps by what came before them (`speed_factors`: after its own step, after a wait, beside
   another stage), their seconds over the profile's t(n): where the schedule's error comes from;
+- each model stage's costs during the sweep (`sweep_costs`: its speed and contention fitted on every
+  configuration's steps, `analysis.learn.StepCosts`) beside the profile's contention, and every speedup
+  predicted again at those costs with the profile's acceptance (a decomposition: what is left is the
+  counts' and the schedule's);
 
 each beside the sweep's own noise floor (`sweep_figures`): half the repetitions interval of each speedup,
 each count's and tokens/s' spread over the repetitions (`repetition_spread`), the regret among the
@@ -82,7 +86,8 @@ import numpy as np
 from analysis.paired import (LEVEL, REFERENCE, RESAMPLES, STEP_CONDITIONS, PairedSpeedup, Sample, decoding_busy,
                              log_ratios, overlapping, paired_speedups, profile_step_seconds, speed_factor, step_conditions,
                              sweep_samples)  # fmt: skip
-from analysis.predict import Prediction, paper_profile_counts, predict_profile, sample_cost
+from analysis.learn import Observed, learned_costs
+from analysis.predict import Prediction, paper_profile_counts, predict_profile, profile_contention, sample_cost
 from analysis.profile import Profile, ProfileError, StageProfile, load_profile, mismatches
 from analysis.rundir import CONFIG, is_run_dir, read_config, stage_stats
 from analysis.runs import ResultsError, Run, find_runs, load_run
@@ -464,6 +469,12 @@ class SweepRecord:
     # each model stage's busy share while the target decodes (`speed_factors`): (stage, measured, the simulation's);
     # () in reports written before it
     busy: tuple[tuple[str, float, float | None], ...] = ()
+    # ours at the sweep's own stage costs (`sweep_costs`), the profile's acceptance; None in reports written before it
+    costs_speedup: float | None = None
+
+    @property
+    def costs_speedup_error(self) -> float | None:
+        return None if self.costs_speedup is None else self.costs_speedup / self.measured_speedup - 1
 
     @property
     def is_reference(self) -> bool:
@@ -494,6 +505,9 @@ class SweepReport:
     regret_floor: float | None  # `regret_floor`
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    # per model stage with steps: (name, speed, contention or None, wake or None, the profile's contention)
+    # (`sweep_costs`); () in reports written before it
+    stage_costs: tuple[tuple[str, float, float | None, float | None, float], ...] = ()
 
     @property
     def in_sample(self) -> bool:
@@ -790,11 +804,13 @@ def tokens_per_s(records: Sequence[Mapping]) -> float:
 
 
 def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: Prediction,
-                        machine_speed: float, reading: TraceReading) -> SweepRecord:  # fmt: skip
+                        machine_speed: float, reading: TraceReading, at_costs: Profile) -> SweepRecord:  # fmt: skip
     """One configuration of the sweep against its prediction (`greedy`: the greedy run's prediction; the
-    machine's speed: the greedy runs' median speed factor; `reading`: its run's traces, `speed_factors`)."""
+    machine's speed: the greedy runs' median speed factor; `reading`: its run's traces, `speed_factors`;
+    `at_costs`: the profile at the sweep's own stage costs, `sweep_costs`)."""
     run, measured = sweep.runs[name], sweep.speedups[name]
     prediction = greedy if name == REFERENCE else predict_run(profile, run)
+    costs_speedup = predict_run(at_costs, run).tokens_per_s / predict_run(at_costs, sweep.runs[REFERENCE]).tokens_per_s
     ours = prediction.tokens_per_s / greedy.tokens_per_s
     paper = prediction.paper_predicted_tokens_per_s / greedy.tokens_per_s
     interval = prediction.tokens_per_s_interval
@@ -829,6 +845,7 @@ def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: P
                            for key, factors in by_condition.items()),
         busy=tuple((stage, seconds / span, _busy_predicted(prediction, stage)) for stage, (seconds, span) in busy.items()
                    if span > 0),
+        costs_speedup=costs_speedup,
     )  # fmt: skip
 
 
@@ -846,6 +863,8 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
     if not factors:
         raise ResultsError(f"{sweep.path / REFERENCE}: its traces have no decode steps to gauge the machine's speed")
     greedy, machine_speed = predict_run(profile, greedy_run), statistics.median(factors)
+    costs = sweep_costs(profile, sweep)
+    at_costs = learned_costs(profile, costs)
     records, notes = [], []
     for name in [REFERENCE, *(n for n in sweep.speedups if n != REFERENCE)]:  # then fastest measured first
         problem = why_not(sweep.runs[name])
@@ -853,7 +872,7 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
             notes.append(f"{name}: cannot be predicted: {problem}")
             continue
         reading = greedy_reading if name == REFERENCE else speed_factors(sweep.runs[name], profile)
-        records.append(check_configuration(profile, sweep, name, greedy, machine_speed, reading))
+        records.append(check_configuration(profile, sweep, name, greedy, machine_speed, reading, at_costs))
     measured = {r.configuration: r.measured_speedup for r in records}
     best = max(measured, key=measured.get)
     return SweepReport(
@@ -864,7 +883,30 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
         repetition_spearman=repetition_agreement(sweep.samples, list(measured)),
         regret_floor=regret_floor([sweep.speedups[n] for n in measured]),
         warnings=tuple(run_warnings(profile, greedy_run)), notes=tuple(notes),
+        stage_costs=stage_costs(profile, costs),
     )  # fmt: skip
+
+
+def sweep_costs(profile: Profile, sweep: SweepRuns) -> Observed:
+    """Every configuration's steps of the sweep, greedy's included, as a learning run would read them
+    (`analysis.learn.Observed`, each step at its sample's context): what each model stage's speed and contention
+    were during the sweep (`StepCosts.fitted`)."""
+    observed = Observed()
+    for run in sweep.runs.values():
+        positions = run_stages(profile, run)
+        for sample, traces in run.iter_traces():
+            observed.add(profile, positions, traces, sample.get("prompt_tokens"))
+    return observed
+
+
+def stage_costs(profile: Profile, costs: Observed) -> tuple[tuple[str, float, float | None, float | None, float], ...]:
+    """Per model stage the sweep stepped: (name, speed, contention or None, wake or None, the profile's contention)."""
+    rows = []
+    for i, stage in enumerate(profile.stages):
+        fitted = costs.stage_costs(i)
+        if fitted.speed is not None and not stage.model_free:
+            rows.append((stage.name, *fitted, profile_contention(profile, i)))
+    return tuple(rows)
 
 
 # ---- the figures, their floors and the targets ------------------------------------------------------------
@@ -968,6 +1010,7 @@ def decomposition(records: Sequence[SweepRecord]) -> dict:
         "at_speed": _median_max(r.at_speed_error for r in records),
         "paper_at_speed": _median_max(r.paper_at_speed_error for r in records),
         "tokens_per_s_floor": _median_max(r.tokens_per_s_floor for r in records),
+        "at_sweep_costs": _median_max(r.costs_speedup_error for r in records if not r.is_reference),
     }  # fmt: skip
 
 
@@ -1065,6 +1108,22 @@ def _busy_lines(records: Sequence[SweepRecord]) -> list[str]:
     return lines
 
 
+def _costs_lines(report: SweepReport) -> list[str]:
+    """Each model stage's speed and contention over the sweep's steps, and every speedup predicted at them."""
+    lines = ["each model stage's costs during the sweep (every configuration's steps, each sample at a speed of its "
+             "own: seconds = speed x the profile's t(n) x (1 + contention x other model stages computing + wake x "
+             "after a wait), least squares, terms >= 0, a term where samples show both of its regimes; speed: "
+             "pooled; the profile's contention beside)",
+             f"  {'stage':<22}{'speed':>7}{'contention':>12}{'wake':>7}{'the profile':>13}"]  # fmt: skip
+    lines += [f"  {name:<22}{speed:>7.3f}{_num(contention):>12}{_num(wake):>7}{profile:>13.3f}"
+              for name, speed, contention, wake, profile in report.stage_costs]  # fmt: skip
+    lines += ["speedup over greedy at those costs (a decomposition: the sweep's own costs, the profile's acceptance)",
+              f"  {'configuration':<22}{'measured':>9}{'ours':>8}{'error':>9}"]  # fmt: skip
+    lines += [f"  {r.configuration:<22}{r.measured_speedup:>9.3f}{r.costs_speedup:>8.3f}{_pct(r.costs_speedup_error):>9}"
+              for r in report.records if not r.is_reference and r.costs_speedup is not None]  # fmt: skip
+    return lines
+
+
 def _ranking_line(model: str, rank: Ranking, best: str) -> str:
     return (f"  {model}: Spearman {_num(rank.spearman, '.2f')}; top pick {rank.top_pick} (measured "
             f"{rank.top_pick_measured:.3f}, the best measured {best}): regret {100 * rank.regret:.1f}%")
@@ -1104,9 +1163,12 @@ def decomposition_line(kinds: dict) -> str:
         median, largest = kinds[key]
         return f"{_abs_pct(median)} / {_abs_pct(largest)}"
 
-    return (f"error kinds, median / largest |error|: machine speed {pair('machine_speed')}, counts {pair('counts')}, "
+    line = (f"error kinds, median / largest |error|: machine speed {pair('machine_speed')}, counts {pair('counts')}, "
             f"schedule {pair('schedule')}; tokens/s at the machine's speed {pair('at_speed')} (paper "
             f"{pair('paper_at_speed')}; floor {pair('tokens_per_s_floor')})")  # fmt: skip
+    if kinds.get("at_sweep_costs", (None, None))[1] is not None:
+        line += f"; speedup at the sweep's own stage costs {pair('at_sweep_costs')}"
+    return line
 
 
 def report_figures(report: SweepReport) -> dict:
@@ -1118,6 +1180,7 @@ def format_sweep_report(report: SweepReport) -> str:
     lines = _title(report) + [""] + _speedup_lines(report.records) + [""]
     lines += _count_lines([r for r in report.records if r.counts]) + [""] + _speed_lines(report.records) + [""]
     lines += _step_lines(report.records) + [""] + _busy_lines(report.records) + [""]
+    lines += _costs_lines(report) + [""] if report.stage_costs else []
     lines += ["ranking over the configurations (greedy included):", _ranking_line("ours", report.ours,
               report.measured_best), _ranking_line("paper", report.paper, report.measured_best),
               f"  the sweep against itself: Spearman between repetitions {_num(report.repetition_spearman, '.2f')}; "
@@ -1148,7 +1211,8 @@ def read_sweep_report(raw: dict, path: str) -> SweepReport:
         fields = {k: raw[k] for k in SweepReport.__dataclass_fields__ if k in raw}
         return SweepReport(**{**fields, "records": records, "ours": Ranking(**raw["ours"]),
                               "paper": Ranking(**raw["paper"]), "prompts": tuple(raw["prompts"]),
-                              "seen": tuple(raw["seen"])})  # fmt: skip
+                              "seen": tuple(raw["seen"]),
+                              "stage_costs": tuple(tuple(c) for c in raw.get("stage_costs", ()))})  # fmt: skip
     except (KeyError, TypeError) as error:
         raise ConfigError(f"{path}: not a sweep validation report ({error})") from None
 

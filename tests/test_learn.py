@@ -1,6 +1,8 @@
 """Learning while a run goes (analysis.learn): a run's traces revise the profile's acceptance and costs, and the
 next configuration is the best predicted one only when its gain over the current one is beyond its interval."""
 
+from dataclasses import replace
+
 import pytest
 
 from analysis import learn, predict
@@ -59,6 +61,95 @@ def test_a_run_that_keeps_more_drafts_than_the_profile_raises_its_rates_and_cost
     few = learn.Observed()
     few.add(base, [0, 1], [drafter_steps(3, 0.004), verifier_steps([(2, 2)])])
     assert learn.learned_profile(base, few).pairs[0] == base.pairs[0]  # too few drafts to count
+
+
+def side_by_side_call(slowdown: float, alone: int, beside: int) -> list[dict]:
+    """One call's traces (drafter, target): the target's first step reads the prompt, then `alone` verifications
+    while the drafter waits, then `beside` ones while a drafter step runs all along, each `slowdown` times its
+    profile t(n) (4 drafts offered: t(5), `profile`'s t1 x 1.2); the drafter's steps as fast as its profile's."""
+    seconds = [0.02 * 1.2] * alone + [0.02 * 1.2 * slowdown] * beside
+    target = verifier_steps([(4, 2)] * (alone + beside))["steps"]
+    target["t_end"] = [target["t_start"][0] + 0.02] + [t + s for t, s in zip(target["t_start"][1:], seconds)]
+    # sixteen drafter steps at its profile's t(1) after each target step, or spanning it
+    starts = [s + 0.004 * j for s in [1.5 + i for i in range(alone)] + [1.0 + alone + i for i in range(beside)]
+              for j in range(16)]  # fmt: skip
+    drafter = {"kind": ["draft"] * len(starts), "offered": [0] * len(starts), "accepted": [0] * len(starts),
+               "fed": [1] * len(starts), "t_start": starts, "t_end": [t + 0.004 for t in starts],
+               "produced": [1] * len(starts)}  # fmt: skip
+    return [{"steps": drafter}, {"steps": target}]
+
+
+def test_a_run_learns_how_much_its_stages_slow_each_other_when_it_shows_both():
+    """Target steps 30% slower beside the drafter than alone: the run's contention is 0.3 at the profile's speed,
+    the learned target costs that much more loaded (not its loaded t(n) scaled by a pooled ratio), so sd and
+    greedy, whose target steps run alone, are no longer charged it, and pipespec, side by side as the run was,
+    is priced about as the pooled ratio priced it."""
+    base = profile(0.5)
+    observed = learn.Observed()
+    observed.add(base, [0, 1], side_by_side_call(1.3, alone=6, beside=10))
+    assert observed.stage_costs(1) == (pytest.approx(1.0), pytest.approx(0.3), None)  # every step after a wait
+    learned = learn.learned_profile(base, observed)
+    assert learned.stages[1].step_s_alone == pytest.approx(base.stages[1].step_s_alone)
+    assert learned.stages[1].cost_fit(1).contention == pytest.approx(0.3, abs=1e-4)
+    pooled = learn.Observed()  # the same steps, too few alone to tell contention from speed
+    pooled.add(base, [0, 1], side_by_side_call(1.3, alone=4, beside=10))
+    speed, contention, wake = pooled.stage_costs(1)
+    assert contention is None is wake and speed == pytest.approx((4 + 13) / 14) == pooled.speed(1)
+    kept = learn.learned_profile(base, pooled).stages[1]
+    assert kept.step_s_loaded == pytest.approx(tuple(t * speed for t in base.stages[1].step_s_loaded))
+
+    def rate(learned_profile, strategy: str, lookahead: int) -> float:
+        return predict.predict_profile(learned_profile, strategy, lookahead, 8, 64).predicted_tokens_per_s
+
+    as_pooled = learn.learned_profile(base, pooled)
+    for strategy, lookahead in (("sd", 4), ("greedy", 0)):  # the target alone: not charged the contention
+        assert rate(learned, strategy, lookahead) > 1.1 * rate(as_pooled, strategy, lookahead)
+    assert rate(learned, "pipespec", 1) == pytest.approx(rate(as_pooled, "pipespec", 1), rel=0.1)  # side by side
+    assert learn.StepCosts().fitted() == (None, None, None)
+
+
+def test_a_drifting_machine_is_not_taken_for_contention():
+    """One call ran every target step beside the drafter at 1.3 times its profile's t(n), the next every step
+    alone at 1.0: the machine may have slowed, nothing tells contention from it, so none is fitted. Two calls
+    that each show both regimes, the second on a machine 1.5 times slower, give the contention back (0.3, as
+    each call ran it) and the speed between theirs."""
+    base = profile(0.5)
+    drifted = learn.Observed()
+    drifted.add(base, [0, 1], side_by_side_call(1.3, alone=0, beside=10))
+    drifted.add(base, [0, 1], side_by_side_call(1.0, alone=10, beside=0))
+    assert drifted.stage_costs(1) == (pytest.approx(1.15), None, None)
+    both = learn.Observed()
+    both.add(base, [0, 1], side_by_side_call(1.3, alone=8, beside=8))
+    slower = side_by_side_call(1.3, alone=8, beside=8)
+    slower[1]["steps"]["t_end"] = [a + 1.5 * (b - a) for a, b in zip(slower[1]["steps"]["t_start"], slower[1]["steps"]["t_end"])]
+    both.add(base, [0, 1], slower)
+    speed, contention, wake = both.stage_costs(1)
+    assert 1.0 < speed < 1.5 and contention == pytest.approx(0.3, rel=0.02) and wake is None
+
+
+def test_a_run_learns_what_a_step_after_a_wait_costs():
+    """Target steps right after its own previous step at its profile's t(n), those after a wait 20% slower and
+    nothing beside them: wake 0.2, no contention shown; sd, whose target waits for every window, is then
+    predicted slower, pipespec at lookahead 0 (its target steps back to back) about as before."""
+    base = profile(0.5)
+    steps = verifier_steps([(4, 2)] * 16)["steps"]
+    starts, ends, clock = [0.0], [0.02], 0.02
+    for i in range(16):
+        waited = i % 2 == 0
+        clock += 0.5 if waited else 0.001
+        starts.append(clock)
+        clock += 0.024 * (1.2 if waited else 1.0)
+        ends.append(clock)
+    steps["t_start"], steps["t_end"] = starts, ends
+    observed = learn.Observed()
+    observed.add(base, [0, 1], [drafter_steps(1, 0.004), {"steps": steps}])
+    assert observed.stage_costs(1) == (pytest.approx(1.0), None, pytest.approx(0.2))
+    learned = learn.learned_profile(base, observed)
+    assert learned.stages[1].wake == pytest.approx(0.2) and base.stages[1].wake == 0.0
+    without = replace(learned, stages=(learned.stages[0], replace(learned.stages[1], wake=0.0)))
+    rate = lambda p, strategy, lookahead: predict.predict_profile(p, strategy, lookahead, 8, 64).predicted_tokens_per_s  # noqa: E731
+    assert rate(learned, "sd", 4) < 0.95 * rate(without, "sd", 4)
+    assert rate(learned, "pipespec", 0) == pytest.approx(rate(without, "pipespec", 0), rel=0.02)
 
 
 def model_free_profile() -> object:

@@ -237,6 +237,93 @@ def test_each_stage_s_busy_share_while_the_target_decodes_beside_the_simulation_
     assert {row[0] for row in report["records"][0]["busy"]} == {names[-1]}  # greedy: the target alone
 
 
+def _every_step(profile, swept: Path) -> dict[str, list[tuple[float, float, float, bool, str]]]:
+    """Per stage, every decode step of every configuration: (seconds, the profile's t(n) at its context, other
+    stages computing during it (time weighted), whether it came more than 2 ms after the stage's previous step,
+    its sample)."""
+    rows: dict[str, list[tuple[float, float, float, bool, str]]] = {}
+    for name in sorted(p.name for p in swept.iterdir() if (p / "traces").is_dir()):
+        prompts = {r["index"]: r["prompt_tokens"] for r in _records(swept / name)}
+        for path in sorted((swept / name / "traces").glob("*.json.gz")):
+            trace = json.loads(gzip.decompress(path.read_bytes()))
+            stages = trace["stages"]
+            for stage in stages:
+                steps, own = stage["steps"], profile.stages[stage["stage"]]
+                cost = pa.profile_step_seconds(steps, pr.sample_cost(own, prompts[trace["index"]]))
+                others = [o["steps"] for o in stages if o is not stage and o["steps"]["kind"]]
+                for i in range(1, len(steps["fed"])):
+                    a, b = steps["t_start"][i], steps["t_end"][i]
+                    beside = sum(max(0.0, min(b, e) - max(a, s)) for o in others
+                                 for s, e in zip(o["t_start"], o["t_end"])) / (b - a)  # fmt: skip
+                    waited = a - steps["t_end"][i - 1] > 0.002
+                    rows.setdefault(own.name, []).append((b - a, cost[i], beside, waited, f"{name}/{path.name}"))
+    return rows
+
+
+def test_each_stage_s_costs_during_the_sweep_and_the_speedups_at_them(tiny_profile, swept, report):
+    """Every model stage's steps of every configuration (greedy's too) against the profile's t(n) at their context:
+    seconds = speed_sample x t(n) x (1 + contention x other model stages computing + wake x after a wait), each
+    sample (a call) at its own speed, least squares with contention and wake >= 0 (checked: no worse than a
+    general solver's fit of every speed and term at once, a minimum in each term, the speed the pooled one), a
+    term only where samples showing both of its regimes hold at least 5 steps of each; every speedup predicted
+    again on the profile with those costs (its acceptance kept)."""
+    from scipy.optimize import least_squares
+
+    profile = pf.load_profile(tiny_profile)
+    names = [s.name for s in profile.stages]
+    rows = _every_step(profile, swept)
+    reported = {row[0]: row[1:4] for row in report["stage_costs"]}
+    assert list(reported) == names
+    for name in names:
+        y, t, m, waited = (np.array(column, dtype=float) for column in list(zip(*rows[name]))[:4])
+        calls = np.unique([row[4] for row in rows[name]], return_inverse=True)[1]
+
+        def both_sides(regime):
+            on, off = np.bincount(calls, regime), np.bincount(calls, ~regime)
+            return min(on[(on > 0) & (off > 0)].sum(), off[(on > 0) & (off > 0)].sum()) >= 5
+
+        speed, contention, wake = reported[name]
+        assert (contention is not None, wake is not None) == (both_sides(m >= 0.5), both_sides(waited > 0)), name
+
+        def loss(c, w):  # each sample at its best speed given the terms
+            cost = t * (1 + c * m + w * waited)
+            return np.sum((y - (np.bincount(calls, y * cost) / np.bincount(calls, cost * cost))[calls] * cost) ** 2)
+
+        c, w = contention or 0.0, wake or 0.0
+        shown = [k for k, value in enumerate((contention, wake)) if value is not None]
+        count = calls.max() + 1
+        general = least_squares(  # every sample's speed and the shown terms at once
+            lambda x: x[:count][calls] * t * (1 + sum(x[count + j] * (m, waited)[k] for j, k in enumerate(shown))) - y,
+            np.r_[np.ones(count), np.zeros(len(shown))], bounds=(0.0, np.inf))  # fmt: skip
+        best = [0.0, 0.0]
+        for j, k in enumerate(shown):
+            best[k] = general.x[count + j]
+        assert loss(c, w) <= loss(*best) * (1 + 1e-9), name
+        for k in shown:  # a local minimum over each term (>= 0)
+            for step in (-1e-3, 1e-3):
+                moved = [c, w]
+                moved[k] = max(moved[k] + step, 0.0)
+                assert loss(*moved) >= loss(c, w), (name, k, step)
+        cost = t * (1 + c * m + w * waited)
+        assert speed == pytest.approx((y * cost).sum() / (cost * cost).sum()), name
+    assert [row[4] for row in report["stage_costs"]] == pytest.approx([pr.profile_contention(profile, i)
+                                                                        for i in range(len(names))])  # fmt: skip
+    others = len(names) - 1
+    stages = tuple(dataclasses.replace(stage, step_s_alone=tuple(x * v for x in stage.step_s_alone),
+                                       step_s_loaded=tuple(x * v for x in stage.step_s_loaded) if c is None else
+                                       tuple(x * v * (1 + c * others) for x in stage.step_s_alone),
+                                       wake=0.0 if w is None else w)
+                   for stage, (v, c, w) in zip(profile.stages, reported.values()))  # fmt: skip
+    at_costs = dataclasses.replace(profile, stages=stages)
+    greedy = _prediction(at_costs, swept, "greedy").predicted_tokens_per_s
+    for record in report["records"]:
+        if record["configuration"] != "greedy":
+            ours = _prediction(at_costs, swept, record["configuration"]).predicted_tokens_per_s / greedy
+            assert record["costs_speedup"] == pytest.approx(ours, rel=1e-9), record["configuration"]
+    assert report["error_kinds"]["at_sweep_costs"][1] == pytest.approx(max(
+        abs(r["costs_speedup"] / r["measured_speedup"] - 1) for r in report["records"] if r["configuration"] != "greedy"))
+
+
 def test_the_ranking_and_the_targets(report, swept):
     records = report["records"]
     names = [r["configuration"] for r in records]

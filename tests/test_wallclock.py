@@ -112,6 +112,25 @@ def test_simulator_contention_is_processor_sharing():
         sim.simulate_pipespec(costs, alphas, 10, contention=[0.5])
 
 
+def test_a_step_after_a_wait_costs_its_stage_s_wake():
+    """sd's target waits for every window, so each of its steps after its first costs (1 + wake) and the
+    generation that much of its busy time more; its drafter's first step of each window after the first
+    follows a wait too, the rest of the window runs back to back. pipespec at lookahead 0: the target never
+    waits, so its wake changes nothing."""
+    costs, alphas = [sim.StageCost(0.01), sim.StageCost(0.05)], [0.8]
+    base = sim.simulate_sync_sd(costs, alphas, 4, 300, seed=3)
+    woken = sim.simulate_sync_sd(costs, alphas, 4, 300, seed=3, wake=[0.0, 0.5])
+    target_s = base.busy_fraction[1] * base.total_time - 0.05  # its steps after the first
+    assert woken.steps == base.steps and woken.total_time == pytest.approx(base.total_time + 0.5 * target_s)
+    drafter = sim.simulate_sync_sd(costs, alphas, 4, 300, seed=3, wake=[1.0, 0.0])
+    windows = base.steps[1] - 1  # the first window starts the generation: no step before it
+    assert drafter.total_time == pytest.approx(base.total_time + windows * 0.01)
+    steady = sim.simulate_pipespec(costs, alphas, 300, lookahead=0, seed=3)
+    assert sim.simulate_pipespec(costs, alphas, 300, lookahead=0, seed=3, wake=[0.0, 0.5]).total_time == steady.total_time
+    with pytest.raises(ValueError, match="wake"):
+        sim.simulate_pipespec(costs, alphas, 10, wake=[-0.1, 0.0])
+
+
 def test_simulator_supply_and_waiting_for_an_answer():
     costs = [sim.StageCost(1e-4), sim.StageCost(0.1, 0.01)]  # prompt lookup drafting for a target
     same = sim.simulate_pipespec(costs, [0.5], 300, lookahead=2, rollback_delay=0.004, seed=1, supply=[None, None])
