@@ -1011,6 +1011,8 @@ def decomposition(records: Sequence[SweepRecord]) -> dict:
         "paper_at_speed": _median_max(r.paper_at_speed_error for r in records),
         "tokens_per_s_floor": _median_max(r.tokens_per_s_floor for r in records),
         "at_sweep_costs": _median_max(r.costs_speedup_error for r in records if not r.is_reference),
+        "at_sweep_costs_of": (sum(r.costs_speedup is not None for r in records if not r.is_reference),
+                              sum(not r.is_reference for r in records)),
     }  # fmt: skip
 
 
@@ -1168,6 +1170,8 @@ def decomposition_line(kinds: dict) -> str:
             f"{pair('paper_at_speed')}; floor {pair('tokens_per_s_floor')})")  # fmt: skip
     if kinds.get("at_sweep_costs", (None, None))[1] is not None:
         line += f"; speedup at the sweep's own stage costs {pair('at_sweep_costs')}"
+        shown, every = kinds["at_sweep_costs_of"]
+        line += f" ({shown} of {every} configurations: reports written before it have none)" if shown < every else ""
     return line
 
 

@@ -412,6 +412,13 @@ def test_summary_over_sweep_reports_and_sequential_ones(tiny_profile, swept, rep
     assert "held-out runs" in runs and "over 1 runs" in runs
     text = _call("-m", "analysis.validate", str(tiny_profile), str(swept / "greedy"), timeout=120).stdout
     assert text.startswith("sequential runs (no pairing)")
+    largest = max(abs(r["costs_speedup"] / r["measured_speedup"] - 1) for r in report["records"][1:])
+    assert "speedup at the sweep's own stage costs" in sweeps and f"/ {100 * largest:.1f}%\n" in sweeps
+    older = tmp_path / "older.json"  # a report written before the costs block: it has none to pool
+    older.write_text(json.dumps({**report, "stage_costs": [], "records": [
+        {k: v for k, v in r.items() if k != "costs_speedup"} for r in report["records"]]}))  # fmt: skip
+    mixed = _call("-m", "analysis.validate", "--summary", str(path), str(older), timeout=120).stdout
+    assert "(3 of 6 configurations: reports written before it have none)" in mixed
 
 
 def _copy(swept: Path, tmp_path: Path, name: str) -> Path:
