@@ -261,7 +261,8 @@ def learned_stage(stage: StageProfile, costs: StageCosts, others: int = 1) -> St
     alone = tuple(t * costs.speed for t in stage.step_s_alone)
     loaded = (tuple(t * costs.speed for t in stage.step_s_loaded) if costs.contention is None
               else tuple(t * (1.0 + costs.contention * others) for t in alone))  # fmt: skip
-    return replace(stage, step_s_alone=alone, step_s_loaded=loaded, wake=stage.wake if costs.wake is None else costs.wake)
+    wake = stage.wake if costs.wake is None else costs.wake
+    return replace(stage, step_s_alone=alone, step_s_loaded=loaded, wake=wake)
 
 
 def learned_costs(profile: Profile, observed: Observed) -> Profile:

@@ -1121,8 +1121,9 @@ def _costs_lines(report: SweepReport) -> list[str]:
               for name, speed, contention, wake, profile in report.stage_costs]  # fmt: skip
     lines += ["speedup over greedy at those costs (a decomposition: the sweep's own costs, the profile's acceptance)",
               f"  {'configuration':<22}{'measured':>9}{'ours':>8}{'error':>9}"]  # fmt: skip
-    lines += [f"  {r.configuration:<22}{r.measured_speedup:>9.3f}{r.costs_speedup:>8.3f}{_pct(r.costs_speedup_error):>9}"
-              for r in report.records if not r.is_reference and r.costs_speedup is not None]  # fmt: skip
+    lines += [f"  {r.configuration:<22}{r.measured_speedup:>9.3f}{r.costs_speedup:>8.3f}"
+              f"{_pct(r.costs_speedup_error):>9}" for r in report.records
+              if not r.is_reference and r.costs_speedup is not None]  # fmt: skip
     return lines
 
 

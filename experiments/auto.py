@@ -242,9 +242,9 @@ class AutoPipeline(Pipeline):
     choice and why; every other option is a `Pipeline` option.
 
     `learn=True`: every stage of the hierarchy is started, and after each call its traces revise the
-    profile (`analysis.learn`: acceptance by position, each stage's speed) and the next call runs the
-    configuration then predicted fastest, when its predicted gain over the current one is beyond that gain's
-    95% interval (`analysis.learn.next_configuration`)
+    profile (`analysis.learn`: acceptance by position, each stage's speed, contention and cost of a wait)
+    and the next call runs the configuration then predicted fastest, when its predicted gain over the
+    current one is beyond that gain's 95% interval (`analysis.learn.next_configuration`)
     (another strategy, lookahead, max_lead or subset of the stages: `generate(..., stages=)`). Every decision
     is in `decisions` (one per call: what ran, what runs next, whether that is a switch, and why). A
     caller's own strategy options on a call are refused: the configuration is auto's."""

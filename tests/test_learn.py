@@ -121,7 +121,8 @@ def test_a_drifting_machine_is_not_taken_for_contention():
     both = learn.Observed()
     both.add(base, [0, 1], side_by_side_call(1.3, alone=8, beside=8))
     slower = side_by_side_call(1.3, alone=8, beside=8)
-    slower[1]["steps"]["t_end"] = [a + 1.5 * (b - a) for a, b in zip(slower[1]["steps"]["t_start"], slower[1]["steps"]["t_end"])]
+    target = slower[1]["steps"]
+    target["t_end"] = [a + 1.5 * (b - a) for a, b in zip(target["t_start"], target["t_end"])]
     both.add(base, [0, 1], slower)
     speed, contention, wake = both.stage_costs(1)
     assert 1.0 < speed < 1.5 and contention == pytest.approx(0.3, rel=0.02) and wake is None
@@ -147,7 +148,10 @@ def test_a_run_learns_what_a_step_after_a_wait_costs():
     learned = learn.learned_profile(base, observed)
     assert learned.stages[1].wake == pytest.approx(0.2) and base.stages[1].wake == 0.0
     without = replace(learned, stages=(learned.stages[0], replace(learned.stages[1], wake=0.0)))
-    rate = lambda p, strategy, lookahead: predict.predict_profile(p, strategy, lookahead, 8, 64).predicted_tokens_per_s  # noqa: E731
+
+    def rate(p, strategy: str, lookahead: int) -> float:
+        return predict.predict_profile(p, strategy, lookahead, 8, 64).predicted_tokens_per_s
+
     assert rate(learned, "sd", 4) < 0.95 * rate(without, "sd", 4)
     assert rate(learned, "pipespec", 0) == pytest.approx(rate(without, "pipespec", 0), rel=0.02)
 

@@ -126,7 +126,8 @@ def test_a_step_after_a_wait_costs_its_stage_s_wake():
     windows = base.steps[1] - 1  # the first window starts the generation: no step before it
     assert drafter.total_time == pytest.approx(base.total_time + windows * 0.01)
     steady = sim.simulate_pipespec(costs, alphas, 300, lookahead=0, seed=3)
-    assert sim.simulate_pipespec(costs, alphas, 300, lookahead=0, seed=3, wake=[0.0, 0.5]).total_time == steady.total_time
+    woken_target = sim.simulate_pipespec(costs, alphas, 300, lookahead=0, seed=3, wake=[0.0, 0.5])
+    assert woken_target.total_time == steady.total_time
     with pytest.raises(ValueError, match="wake"):
         sim.simulate_pipespec(costs, alphas, 10, wake=[-0.1, 0.0])
 
