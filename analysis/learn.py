@@ -43,7 +43,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from analysis.fit import MIN_REGIME_STEPS, overlap_with
-from analysis.paired import BACK_TO_BACK_S
+from analysis.paired import BACK_TO_BACK_S, profile_step_seconds
 from analysis.predict import INTERVAL_Z, predict_profile, sample_cost, sweep
 from analysis.profile import PairProfile, Profile, StageProfile, walk_counts
 
@@ -142,8 +142,6 @@ class StepCosts:
     def add(self, columns: Mapping[str, Sequence], cost, others: Sequence[Mapping]) -> None:
         """One call's steps of the stage (its trace columns; the first, which reads the prompt, left out), `cost`
         the profile's t(n) (`analysis.paired.profile_step_seconds`), `others` the other model stages' columns."""
-        from analysis.paired import profile_step_seconds
-
         profile, overlap = profile_step_seconds(columns, cost), overlap_with(columns, others)
         call = self.call[-1] + 1 if self.call else 0
         self._fitted = None
@@ -176,13 +174,14 @@ class StepCosts:
         speed = self.speed()
         t, m = np.asarray(self.profile, dtype=float), np.asarray(self.others, dtype=float)
         a, call = np.asarray(self.waited, dtype=float), np.unique(self.call, return_inverse=True)[1]
-        terms = [column for column, regime in ((t * m, m >= 0.5), (t * a, a > 0)) if _shown(regime, call)]
+        regimes = {"contention": (t * m, m >= 0.5), "wake": (t * a, a > 0)}  # each term's column, and its regime
+        terms = {name: column for name, (column, regime) in regimes.items() if _shown(regime, call)}
         if speed is None or not terms:
             return StageCosts(speed)
         y = np.asarray(self.measured, dtype=float)
 
         def fit(shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # each call's best speed given the terms
-            cost = t + sum(share * column for share, column in zip(shares, terms))  # t(n) x (1 + ...)
+            cost = t + sum(share * column for share, column in zip(shares, terms.values()))  # t(n) x (1 + ...)
             return cost, (np.bincount(call, y * cost) / np.bincount(call, cost * cost))[call]
 
         def loss(shares: np.ndarray) -> float:
@@ -192,9 +191,8 @@ class StepCosts:
         shares = minimize(loss, np.zeros(len(terms)), method="L-BFGS-B", bounds=[(0.0, None)] * len(terms),
                           options={"ftol": 1e-15, "gtol": 1e-10}).x  # fmt: skip
         cost, _ = fit(shares)
-        shown = iter(float(share) for share in shares)
-        contention, wake = (next(shown) if _shown(regime, call) else None for regime in (m >= 0.5, a > 0))
-        return StageCosts(float(np.sum(y * cost) / np.sum(cost * cost)), contention, wake)
+        fitted = {name: float(share) for name, share in zip(terms, shares)}
+        return StageCosts(float(np.sum(y * cost) / np.sum(cost * cost)), fitted.get("contention"), fitted.get("wake"))
 
 
 def _shown(regime: np.ndarray, call: np.ndarray) -> bool:

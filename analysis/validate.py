@@ -803,14 +803,16 @@ def tokens_per_s(records: Sequence[Mapping]) -> float:
     return sum(r["new_tokens"] for r in records) / sum(r["time_s"] for r in records)
 
 
-def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: Prediction,
-                        machine_speed: float, reading: TraceReading, at_costs: Profile) -> SweepRecord:  # fmt: skip
+def check_configuration(profile: Profile, sweep: SweepRuns, name: str, greedy: Prediction, machine_speed: float,
+                        reading: TraceReading, at_costs: Profile,
+                        greedy_at_costs: Prediction) -> SweepRecord:  # fmt: skip
     """One configuration of the sweep against its prediction (`greedy`: the greedy run's prediction; the
     machine's speed: the greedy runs' median speed factor; `reading`: its run's traces, `speed_factors`;
-    `at_costs`: the profile at the sweep's own stage costs, `sweep_costs`)."""
+    `at_costs`: the profile at the sweep's own stage costs, `sweep_costs`, and the greedy run's prediction on it)."""
     run, measured = sweep.runs[name], sweep.speedups[name]
     prediction = greedy if name == REFERENCE else predict_run(profile, run)
-    costs_speedup = predict_run(at_costs, run).tokens_per_s / predict_run(at_costs, sweep.runs[REFERENCE]).tokens_per_s
+    costs_speedup = (greedy_at_costs if name == REFERENCE else predict_run(at_costs, run)).tokens_per_s / (
+        greedy_at_costs.tokens_per_s)  # fmt: skip
     ours = prediction.tokens_per_s / greedy.tokens_per_s
     paper = prediction.paper_predicted_tokens_per_s / greedy.tokens_per_s
     interval = prediction.tokens_per_s_interval
@@ -865,6 +867,7 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
     greedy, machine_speed = predict_run(profile, greedy_run), statistics.median(factors)
     costs = sweep_costs(profile, sweep)
     at_costs = learned_costs(profile, costs)
+    greedy_at_costs = predict_run(at_costs, greedy_run)
     records, notes = [], []
     for name in [REFERENCE, *(n for n in sweep.speedups if n != REFERENCE)]:  # then fastest measured first
         problem = why_not(sweep.runs[name])
@@ -872,7 +875,8 @@ def check_sweep(profile: Profile, sweep: SweepRuns) -> SweepReport:
             notes.append(f"{name}: cannot be predicted: {problem}")
             continue
         reading = greedy_reading if name == REFERENCE else speed_factors(sweep.runs[name], profile)
-        records.append(check_configuration(profile, sweep, name, greedy, machine_speed, reading, at_costs))
+        records.append(check_configuration(profile, sweep, name, greedy, machine_speed, reading, at_costs,
+                                           greedy_at_costs))  # fmt: skip
     measured = {r.configuration: r.measured_speedup for r in records}
     best = max(measured, key=measured.get)
     return SweepReport(

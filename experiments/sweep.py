@@ -133,13 +133,14 @@ class Sweep:
         self.profile_target = profile_target  # the profile's target stage (`analysis.profile.StageProfile`), or None
         self.forget = bool(cfg["forget_outputs"]) and any(s.kind == "suffix" for s in pipe.specs)
         check_run_dir(cfg, out_dir, [c.name for c in configurations])
-        configs = {c.name: run_config(cfg, c) for c in configurations}
-        self.stores = {name: open_store(out_dir / name, config, bool(cfg["resume"])) for name, config in configs.items()}
+        self.configs = {c.name: run_config(cfg, c) for c in configurations}  # each run's config.yaml
+        self.stores = {name: open_store(out_dir / name, config, bool(cfg["resume"]))
+                       for name, config in self.configs.items()}  # fmt: skip
         self.todo = self.slots()  # empty: a finished sweep resumed, which measures nothing and rewrites none of its runs
         if self.todo:
             env = environment(pipe.specs)
             for name, store in self.stores.items():
-                store.write_config(configs[name])
+                store.write_config(self.configs[name])
                 store.write_env(env)
 
     def slots(self) -> list[tuple[int, int, Configuration]]:
@@ -191,9 +192,9 @@ class Sweep:
             store = self.stores[configuration.name]
             if not self.todo and (store.run_dir / SUMMARY).exists():
                 continue
-            config = run_config(self.cfg, configuration)
             expected = self.cfg["repetitions"] * len(self.prompts)
-            store.write_summary(summarize_run(config, store.records, complete=len(store.records) == expected))
+            store.write_summary(summarize_run(self.configs[configuration.name], store.records,
+                                              complete=len(store.records) == expected))  # fmt: skip
             refresh_reference(store.run_dir)
         speedups = paired_speedups(sweep_samples(self.out_dir), REFERENCE)
         atomic_write_json(self.out_dir / "paired.json", [_as_dict(s) for s in speedups])
