@@ -334,7 +334,8 @@ def drawn_profile(profile: Profile, prompts: Sequence[int]) -> Profile:
         return tuple(rows[i % len(rows)] for i in prompts) if rows else rows
 
     def drawn(pair: PairProfile) -> PairProfile:
-        trees = tuple(replace(t, runs=pick(t.runs), nodes=pick(t.nodes)) for t in pair.tree_runs)
+        trees = tuple(replace(t, runs=pick(t.runs), nodes=pick(t.nodes), paths=pick(t.paths),
+                              path_runs=pick(t.path_runs)) for t in pair.tree_runs)  # fmt: skip
         return replace(pair, runs=pick(pair.runs), proposed=pick(pair.proposed), tree_runs=trees)
 
     return replace(profile, pairs=tuple(drawn(p) for p in profile.pairs),

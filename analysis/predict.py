@@ -602,15 +602,19 @@ def tree_acceptance(profile: Profile, stages: Sequence[int], tree_nodes: int) ->
         raise ConfigError(f"the profile has no token trees of {tree_nodes} nodes for {pair.drafter} -> "
                           f"{pair.verifier} (measured: {sizes or 'none'}; measure a profile again: "
                           "python -m experiments.profile)")  # fmt: skip
+    if measured.paths:  # the drafter appends the tree's most likely path, and proposes on from its end
+        return sim.TreeContinuations(measured.runs, pair.acceptance_by_position, measured.nodes,
+                                     proposed=tree_proposals(measured.paths, measured.runs),
+                                     path_runs=measured.path_runs)  # fmt: skip
     return sim.TreeContinuations(measured.runs, pair.acceptance_by_position, measured.nodes,
                                  proposed=tree_proposals(pair.proposed, measured.runs))  # fmt: skip
 
 
 def tree_proposals(proposed: Sequence[Sequence[int]], runs: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    """What a drafter of token trees offers at each position of each continuation: its chain's proposal, or the
-    depth of the tree's branch along the continuation where that is deeper (a tree can hold a longer branch
-    than the chain the same drafter proposes there: prompt lookup's several matches), so a verification
-    keeps the whole branch. () where the chain's proposals were not measured."""
+    """What a drafter of token trees offers at each position of each continuation: its proposal (the tree's
+    most likely path; in profiles measured without it, its chain's), or the depth of the tree's branch along
+    the continuation where that is deeper (another branch: prompt lookup's several matches), so a
+    verification keeps the whole branch. () where the proposals were not measured."""
     return tuple(tuple(max(p, r) for p, r in zip(chain, tree)) for chain, tree in zip(proposed, runs))
 
 

@@ -102,11 +102,15 @@ class PairProfile:
 class TreeRuns:
     """A model-free drafter's token trees of up to `tree_nodes` nodes along the verifier's continuations:
     per continuation, per position, how deep the branch along the continuation goes (`runs`: the drafts a
-    tree verification keeps there) and how many nodes the tree holds (`nodes`)."""
+    tree verification keeps there), how many nodes the tree holds (`nodes`), how many tokens its most likely
+    path holds (`paths`: what the drafter appends to its buffer) and how many of them are kept
+    (`path_runs`). `paths` and `path_runs` are empty in profiles measured without them."""
 
     tree_nodes: int
     runs: tuple[tuple[int, ...], ...]
     nodes: tuple[tuple[int, ...], ...]
+    paths: tuple[tuple[int, ...], ...] = ()
+    path_runs: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -293,24 +297,36 @@ def acceptance_standard_errors(runs: Sequence[Sequence[int]], proposed: Sequence
 
 
 def _tree_runs(data: Any, where: str) -> tuple[TreeRuns, ...]:
-    """A pair's optional `tree_runs`: [{"tree_nodes": N, "runs": [[...]], "nodes": [[...]]}, ...]."""
+    """A pair's optional `tree_runs`: [{"tree_nodes": N, "runs": [[...]], "nodes": [[...]], "paths": [[...]],
+    "path_runs": [[...]]}, ...] (`paths` and `path_runs` optional, together)."""
     entries = data.get("tree_runs") or []
     if not isinstance(entries, list):
         raise ProfileError(f"{where}.tree_runs must be a list")
     found = []
     for i, entry in enumerate(entries):
-        size = entry.get("tree_nodes") if isinstance(entry, dict) else None
-        runs, nodes = (entry.get(k) if isinstance(entry, dict) else None for k in ("runs", "nodes"))
-        lists = isinstance(runs, list) and isinstance(nodes, list) and runs and len(runs) == len(nodes)
-        if not (type(size) is int and size >= 1 and lists and all(
-            isinstance(r, list) and isinstance(n, list) and r and len(r) == len(n)
-            and all(type(a) is int and type(b) is int and 0 <= a <= b for a, b in zip(r, n))
-            for r, n in zip(runs, nodes)
-        )):  # fmt: skip
+        entry = entry if isinstance(entry, dict) else {}
+        size, runs, nodes = entry.get("tree_nodes"), entry.get("runs"), entry.get("nodes")
+        if not (type(size) is int and size >= 1 and _counts_below(runs, nodes)):
             raise ProfileError(f"{where}.tree_runs[{i}] needs tree_nodes >= 1 and, per continuation, runs and "
                                "nodes of the same length with 0 <= run <= nodes")  # fmt: skip
-        found.append(TreeRuns(size, tuple(map(tuple, runs)), tuple(map(tuple, nodes))))
+        paths, path_runs = entry.get("paths"), entry.get("path_runs")
+        if (paths is not None or path_runs is not None) and not (
+            _counts_below(paths, nodes) and _counts_below(path_runs, paths) and _counts_below(path_runs, runs)
+        ):  # fmt: skip
+            raise ProfileError(f"{where}.tree_runs[{i}] needs paths and path_runs together, per continuation of "
+                               "the runs' lengths, with 0 <= path_run <= path <= nodes and path_run <= run")  # fmt: skip
+        found.append(TreeRuns(size, *(tuple(map(tuple, x or ())) for x in (runs, nodes, paths, path_runs))))
     return tuple(found)
+
+
+def _counts_below(low: Any, high: Any) -> bool:
+    """`low` and `high` are equally long non-empty lists of non-empty equally long lists of integers, each of
+    `low` >= 0 and at most its counterpart in `high`."""
+    return isinstance(low, list) and isinstance(high, list) and bool(low) and len(low) == len(high) and all(
+        isinstance(a, list) and isinstance(b, list) and a and len(a) == len(b)
+        and all(type(x) is int and type(y) is int and 0 <= x <= y for x, y in zip(a, b))
+        for a, b in zip(low, high)
+    )  # fmt: skip
 
 
 def parse_profile(data: Any, path: str = "<profile>") -> Profile:

@@ -275,7 +275,19 @@ class _AlongSampler(Sampler):
         self.proposed = proposed
 
     def verify(self, offered: int, start: int = 0) -> int:
-        return min(offered, self.runs[start % len(self.runs)])
+        """min(offered, runs[start]); for a model-free drafter whose proposal at ``start`` was right to its
+        end, the drafts beyond it are the proposal it makes from there (`pipespec.stage`: it proposes
+        again from its buffer's end while its lead allows), read on at that position."""
+        accepted, position = 0, start
+        while True:
+            run, proposal = self.runs[position % len(self.runs)], self.proposal(position)
+            if not proposal or not self.whole(position) or accepted + run >= offered:
+                return min(offered, accepted + run)
+            accepted, position = accepted + proposal, position + proposal
+
+    def whole(self, position: int) -> bool:
+        """The drafter's proposal at ``position`` is right to its end."""
+        return self.runs[position % len(self.runs)] >= self.proposed[position % len(self.proposed)]
 
     def agrees(self, position: int = 0) -> bool:
         return self.runs[position % len(self.runs)] >= 1
@@ -293,31 +305,61 @@ class TreeContinuations(AlongContinuations):
     position j of ``offered`` drafts (the tree's most likely path, which the drafter's buffer holds) keeps
     min(offered, runs[c][j]) of them and feeds the tree's nodes[c][j] nodes (a chain's ``offered`` where
     the measured tree was empty), so it costs t(uncached + nodes). The node counts are those measured at
-    the profile's proposal depth; a verifier sizing its verifications checks the whole tree here."""
+    the profile's proposal depth; a verifier sizing its verifications checks the whole tree here.
+
+    ``path_runs[c][j]`` (optional, with ``proposed`` the tree's most likely path): how many of the path's
+    tokens are kept. Where all of them are, the verification reads on into the drafter's next proposal, made
+    from the path's end and grafted below it (`pipespec.stage`); without them it stops at the tree."""
 
     nodes: tuple[tuple[int, ...], ...] = ()
+    path_runs: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "nodes", tuple(tuple(int(n) for n in nodes) for nodes in self.nodes))
+        object.__setattr__(self, "path_runs", tuple(tuple(int(n) for n in along) for along in self.path_runs))
         if [len(r) for r in self.runs] != [len(n) for n in self.nodes] or any(
             n < r for runs, nodes in zip(self.runs, self.nodes) for r, n in zip(runs, nodes)
         ):  # fmt: skip
             raise ValueError("nodes needs one count >= its run per position of every continuation")
+        if self.path_runs and (not self.proposed or any(
+            not 0 <= k <= r for kept, runs in zip(self.path_runs, self.runs) for k, r in zip(kept, runs)
+        ) or [len(k) for k in self.path_runs] != [len(r) for r in self.runs]):  # fmt: skip
+            raise ValueError("path_runs needs the proposals and one count 0 <= count <= its run per position")
 
     def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_TreeSampler":
         index = seed % len(self.runs)
-        return _TreeSampler(self.runs[index], self.nodes[index], self.proposed[index] if self.proposed else None)
+        return _TreeSampler(self.runs[index], self.nodes[index], self.proposed[index] if self.proposed else None,
+                            self.path_runs[index] if self.path_runs else None)  # fmt: skip
 
 
 class _TreeSampler(_AlongSampler):
-    def __init__(self, runs: tuple[int, ...], nodes: tuple[int, ...], proposed: tuple[int, ...] | None) -> None:
+    def __init__(self, runs: tuple[int, ...], nodes: tuple[int, ...], proposed: tuple[int, ...] | None,
+                 path_runs: tuple[int, ...] | None = None) -> None:  # fmt: skip
         super().__init__(runs, proposed)
         self.tree_nodes = nodes
+        self.path_runs = path_runs
+
+    def whole(self, position: int) -> bool:
+        """The tree's most likely path at ``position`` is kept to its end (unknown: no)."""
+        if self.path_runs is None:
+            return False
+        index = position % len(self.runs)
+        return self.path_runs[index] >= self.proposed[index]
 
     def fed(self, offered: int, start: int = 0) -> int:
-        """The drafts a verification at ``start`` feeds: the tree's nodes (a chain's where it had none)."""
-        return (self.tree_nodes[start % len(self.tree_nodes)] or offered) if offered else 0
+        """The drafts a verification at ``start`` feeds: the tree's nodes (a chain's where it had none); with
+        its paths measured, those of every tree grafted below it that the ``offered`` drafts reach."""
+        if self.path_runs is None:
+            return (self.tree_nodes[start % len(self.tree_nodes)] or offered) if offered else 0
+        total, covered, position = 0, 0, start
+        while covered < offered:
+            index = position % len(self.tree_nodes)
+            if not self.proposed[index] or not self.tree_nodes[index]:
+                return total + offered - covered  # a chain's drafts from here
+            total, covered, position = total + self.tree_nodes[index], covered + self.proposed[index], \
+                position + self.proposed[index]
+        return total
 
 
 AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, AlongContinuations, Sequence[int]]
@@ -868,8 +910,10 @@ class SimulatedStage:
             self.cached = len(self.buffer)
             for _ in range(self.step_proposal):
                 self.buffer.append(self.tokens.new(self.buffer))
-            if self.proposal_left is not None:  # a measured proposal, proposed: nothing more until a commit
+            if self.proposal_left is not None:  # a measured proposal, proposed: the next from its buffer's end
                 self.proposal_left -= self.step_proposal
+                if self.proposal_left <= 0:
+                    self.proposal_left = self.downstream.acceptance.proposal(len(self.buffer))
                 self.dry = self.proposal_left <= 0
         else:
             self.verify()

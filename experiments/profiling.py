@@ -17,8 +17,8 @@
   verifier's tokens and a model drafter's drafts from one pass of one-token steps, `teacher_forced`; a
   middle verifier keeps drafts that agree with its own tokens in the target's text, `kept`; a model-free
   drafter's proposal there and its length, `proposal_runs`; a model-free drafter's token trees at each
-  of `TREE_SIZES` nodes too, `tree_runs`: how deep the branch along the continuation goes, and the
-  tree's nodes). The simulator reads acceptance off
+  of `TREE_SIZES` nodes too, `tree_runs`: how deep the branch along the continuation goes, the tree's
+  nodes, and its most likely path's length and kept prefix). The simulator reads acceptance off
   these (`analysis.simulate.AlongContinuations`). From them, acceptance by draft position along the
   walk decoding takes: the next draft starts after the accepted prefix and the verifier's own token.
   Position p's rate is the share of drafts accepted there among those whose earlier positions were
@@ -362,17 +362,22 @@ TREE_SIZES = (4, 8, 16)  # the tree_nodes a model-free drafter's token trees are
 
 
 def tree_runs(propose_tree, prompt: Sequence[int], continuation: Sequence[int], k: int, max_nodes: int,
-              verifier: Sequence[int] | None = None) -> tuple[list[int], list[int]]:  # fmt: skip
+              verifier: Sequence[int] | None = None) -> dict[str, list[int]]:  # fmt: skip
     """A model-free drafter's token tree at every position j of `continuation` (`propose_tree(sequence,
-    max_nodes, depth)`, at most `k` deep): how deep its branch along the verifier's tokens goes (the drafts
-    a greedy tree verification keeps there: the verifier follows the child holding its own token; `kept`'s
-    `verifier`), and how many nodes the tree holds."""
-    runs, nodes = [], []
+    max_nodes, depth)`, at most `k` deep): how deep its branch along the verifier's tokens goes (`runs`: the
+    drafts a greedy tree verification keeps there: the verifier follows the child holding its own token;
+    `kept`'s `verifier`), how many nodes the tree holds (`nodes`), how many tokens its most likely path holds
+    (`paths`: what the drafter appends to its buffer, and proposes on from) and how many of them the verifier
+    keeps (`path_runs`: all of them, and the drafter's next proposal, grafted below the path, is read on)."""
+    found: dict[str, list[int]] = {"runs": [], "nodes": [], "paths": [], "path_runs": []}
     for j in range(len(continuation)):
         tree = propose_tree(list(prompt) + list(continuation[:j]), max_nodes, min(k, len(continuation) - j))
-        runs.append(len(tree.follow(continuation[j:] if verifier is None else along(verifier, continuation, j))))
-        nodes.append(len(tree))
-    return runs, nodes
+        path = tree.path_tokens(tree.best_path())
+        found["runs"].append(len(tree.follow(continuation[j:] if verifier is None else along(verifier, continuation, j))))
+        found["nodes"].append(len(tree))
+        found["paths"].append(len(path))
+        found["path_runs"].append(kept(path, continuation, verifier, j))
+    return found
 
 
 def measure_trees(drafter, ids: Sequence[Sequence[int]], continuation: Sequence[Sequence[int]], draft_k: int,
@@ -382,7 +387,7 @@ def measure_trees(drafter, ids: Sequence[Sequence[int]], continuation: Sequence[
     verifiers = verifiers or [None] * len(ids)
     for size in TREE_SIZES:
         found = [tree_runs(drafter.propose_tree, p, c, draft_k, size, v) for p, c, v in zip(ids, continuation, verifiers)]
-        entries.append({"tree_nodes": size, "runs": [r for r, _ in found], "nodes": [n for _, n in found]})
+        entries.append({"tree_nodes": size, **{key: [f[key] for f in found] for key in found[0]}})
     return entries
 
 

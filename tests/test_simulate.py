@@ -282,3 +282,19 @@ def test_a_model_free_drafter_proposes_where_and_as_much_as_it_did_along_the_con
     assert unmeasured.offered_counts[0] != result.offered_counts[0]
     with pytest.raises(ValueError, match="proposed"):
         sim.AlongContinuations([runs], (0.9,), proposed=[(1,) * 8])  # a run longer than its proposal
+
+
+def test_a_model_free_drafter_proposes_on_from_the_end_of_its_proposal():
+    """Like the engine's, a model-free drafter whose lead allows proposes again from its buffer's end: what
+    it proposed at that position along the continuation. Where its first proposal was right to its end,
+    the verification reads on into the second (their drafts are what it would have proposed there)."""
+    runs = (3, 2, 1, 2, 1, 0, 0, 0)
+    proposed = (3, 2, 1, 4, 3, 2, 0, 0)
+    along = sim.AlongContinuations([runs], (0.9,), proposed=[proposed])
+    result = sim.simulate_sync_sd([0.001, 0.05], [along], 8, 8, seed=0, supply=[0.01, None], end_at_budget=True)
+    # 3 at position 0, then 4 from position 3 (position 7: none): 3 kept, then 2 of the second, + own token
+    assert result.offered_counts[0][0] == 7 and result.accepted_counts[0][0] == 6
+    sampler = along.sampler(np.random.default_rng(0))
+    assert [sampler.verify(7, 0), sampler.verify(2, 0), sampler.verify(7, 1), sampler.verify(7, 3)] == [5, 2, 4, 2]
+    model = sim.AlongContinuations([runs], (0.9,)).sampler(np.random.default_rng(0))  # a model's runs are whole
+    assert model.verify(7, 0) == 3

@@ -338,6 +338,26 @@ def test_the_simulator_prices_a_tree_by_its_nodes():
         sim.TreeContinuations(runs, (0.5,), ((1,) * 64,))
 
 
+def test_a_tree_whose_most_likely_path_is_kept_reads_on_into_the_tree_grafted_below_it():
+    """The drafter appends its tree's most likely path (`proposed`) and, its lead allowing, proposes on from
+    the path's end, the next tree grafted below the path's leaf (`pipespec.stage`). A verification keeps the
+    branch along the continuation; where that is the whole path (`path_runs`), it reads on into the graft,
+    and it feeds the nodes of every tree its drafts reach."""
+    runs, nodes = (2, 1, 1, 3, 1, 0, 0, 0), (4, 4, 4, 4, 4, 3, 0, 0)
+    paths, kept = (2, 2, 1, 3, 2, 1, 0, 0), (2, 1, 1, 3, 1, 0, 0, 0)
+    trees = sim.TreeContinuations([runs], (0.5,), [nodes], proposed=[paths], path_runs=[kept])
+    sampler = trees.sampler(np.random.default_rng(0))
+    assert [sampler.verify(6, 0), sampler.verify(2, 0), sampler.verify(6, 1)] == [6, 2, 1]
+    assert [sampler.fed(6, 0), sampler.fed(2, 0), sampler.fed(1, 0), sampler.fed(0, 0)] == [12, 4, 4, 0]
+    unknown = sim.TreeContinuations([runs], (0.5,), [nodes], proposed=[paths]).sampler(np.random.default_rng(0))
+    assert [unknown.verify(6, 0), unknown.fed(6, 0)] == [2, 4]  # paths not measured: it stops at the first tree
+    costs = [sim.StageCost(1e-6), sim.TableCost(tuple(T_N))]
+    result = sim.simulate_sync_sd(costs, [trees], 8, 8, supply=[1.0, None], end_at_budget=True)
+    assert result.offered_counts[0][0] == 6 and result.accepted_counts[0][0] == 7  # 2 + 1 + 3 and its own
+    with pytest.raises(ValueError, match="path_runs"):
+        sim.TreeContinuations([runs], (0.5,), [nodes], proposed=[paths], path_runs=[(3,) * 8])
+
+
 def _tree_profile(tree_runs: bool = True, costs=T_N) -> dict:
     """A profile of suffix -> target (a short suffix match: its longest match has several continuations)
     along a continuation that goes one of three ways at random after each "7 8 9", measured with the
@@ -400,6 +420,45 @@ def test_a_tree_deeper_than_its_drafter_s_chain_is_predicted_with_its_whole_bran
     assert any(r > p for r, p in zip(pair["tree_runs"][1]["runs"][0], chain))
     deeper = pr.predict_profile(pf.parse_profile(raw), "sd", 8, tokens=64, tree_nodes=8)
     assert deeper.mean_acceptance_length > shallow.mean_acceptance_length
+
+
+def test_a_profile_measures_each_tree_s_most_likely_path_and_predicts_its_grafts():
+    """`measure_trees` records, per position, the tree's most likely path (what the drafter appends) and how
+    much of it the verifier keeps; on a text that repeats its prompt, every path is kept whole, so with a lead
+    cap above a tree's depth the drafter's grafted trees are verified at once: longer verifications at max_lead
+    16 than at 4. A profile without the paths predicts both alike (it cannot read on); its reader refuses
+    paths without their kept counts, or kept counts above them."""
+    from experiments.profiling import acceptance_by_position, measure_trees, proposal_runs
+
+    raw = _tree_profile()
+    for entry in raw["pairs"][0]["tree_runs"]:
+        for runs, nodes, paths, kept in zip(entry["runs"], entry["nodes"], entry["paths"], entry["path_runs"]):
+            assert all(k <= p <= n and k <= r for r, n, p, k in zip(runs, nodes, paths, kept))
+            assert any(k < r for r, k in zip(runs, kept))  # another branch is the one along the continuation
+    text = list(range(20, 80))
+    pair = raw["pairs"][0]
+    pair["tree_runs"] = measure_trees(SuffixDrafter(max_proposal=8, max_depth=3), [text], [text], 8)
+    chain = proposal_runs(SuffixDrafter(max_proposal=8, max_depth=3).propose, text, text, 8)
+    pair.update(runs=[chain[0]], proposed=[chain[1]], **acceptance_by_position([chain[0]], [chain[1]], 8))
+    four = pair["tree_runs"][0]
+    assert four["tree_nodes"] == 4 and four["path_runs"] == four["paths"] and max(four["paths"][0]) == 4
+    lengths = [pr.predict_profile(pf.parse_profile(raw), "pipespec", 1, m, tokens=48, tree_nodes=4)
+               .mean_acceptance_length for m in (4, 16)]  # fmt: skip
+    assert lengths[1] > lengths[0] + 1
+    for entry in pair["tree_runs"]:
+        del entry["paths"], entry["path_runs"]
+    lengths = [pr.predict_profile(pf.parse_profile(raw), "pipespec", 1, m, tokens=48, tree_nodes=4)
+               .mean_acceptance_length for m in (4, 16)]  # fmt: skip
+    assert lengths[1] == pytest.approx(lengths[0], abs=0.3)
+    bad = _tree_profile()
+    del bad["pairs"][0]["tree_runs"][0]["path_runs"]
+    with pytest.raises(pf.ProfileError, match="paths and path_runs together"):
+        pf.parse_profile(bad)
+    bad = _tree_profile()
+    entry = bad["pairs"][0]["tree_runs"][0]
+    entry["path_runs"][0][0] = entry["paths"][0][0] + 1
+    with pytest.raises(pf.ProfileError, match="path_run <= path"):
+        pf.parse_profile(bad)
 
 
 def test_profiles_without_tree_runs_stay_readable_and_refuse_tree_predictions():
