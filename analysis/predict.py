@@ -605,7 +605,7 @@ def tree_acceptance(profile: Profile, stages: Sequence[int], tree_nodes: int) ->
     if measured.paths:  # the drafter appends the tree's most likely path, and proposes on from its end
         return sim.TreeContinuations(measured.runs, pair.acceptance_by_position, measured.nodes,
                                      proposed=tree_proposals(measured.paths, measured.runs),
-                                     path_runs=measured.path_runs)  # fmt: skip
+                                     path_runs=measured.path_runs, budget=tree_nodes)  # fmt: skip
     return sim.TreeContinuations(measured.runs, pair.acceptance_by_position, measured.nodes,
                                  proposed=tree_proposals(pair.proposed, measured.runs))  # fmt: skip
 

@@ -32,7 +32,8 @@ accepted); otherwise the drafter is rolled back. ``Replay`` instead replays a
 logged sequence of accepted counts (own token included) verification by
 verification: count k accepts min(k - 1, n) of the n offered drafts. ``AlongContinuations`` reads
 acceptance off a profile's continuations; ``TreeContinuations`` does for a verifier of a model-free
-drafter's token trees, whose step feeds the tree's nodes (its cost is t(uncached + nodes)).
+drafter's token trees, whose step feeds the tree's nodes (its cost is t(uncached + nodes)) where its
+buffer ends at the drafter's tree root, and the chain the drafter holds where it does not.
 
 Strategies
 ----------
@@ -280,14 +281,14 @@ class _AlongSampler(Sampler):
         again from its buffer's end while its lead allows), read on at that position."""
         accepted, position = 0, start
         while True:
-            run, proposal = self.runs[position % len(self.runs)], self.proposal(position)
-            if not proposal or not self.whole(position) or accepted + run >= offered:
+            run, proposal = self.chain_run(position), self.proposal(position)
+            if not proposal or run < proposal or accepted + run >= offered:
                 return min(offered, accepted + run)
             accepted, position = accepted + proposal, position + proposal
 
-    def whole(self, position: int) -> bool:
-        """The drafter's proposal at ``position`` is right to its end."""
-        return self.runs[position % len(self.runs)] >= self.proposed[position % len(self.proposed)]
+    def chain_run(self, position: int) -> int:
+        """How many of the drafter's chain of drafts from ``position`` are kept (its proposal there)."""
+        return self.runs[position % len(self.runs)]
 
     def agrees(self, position: int = 0) -> bool:
         return self.runs[position % len(self.runs)] >= 1
@@ -301,18 +302,24 @@ class TreeContinuations(AlongContinuations):
     """A verifier checking a model-free drafter's token trees (`tree_nodes` > 0), read off real
     continuations like ``AlongContinuations``: ``runs[c][j]`` is how deep the branch along continuation c
     goes in the tree the drafter proposes at its position j (the drafts a tree verification keeps there),
-    ``nodes[c][j]`` how many nodes that tree holds (`experiments.profiling.tree_runs`). A verification at
-    position j of ``offered`` drafts (the tree's most likely path, which the drafter's buffer holds) keeps
-    min(offered, runs[c][j]) of them and feeds the tree's nodes[c][j] nodes (a chain's ``offered`` where
-    the measured tree was empty), so it costs t(uncached + nodes). The node counts are those measured at
-    the profile's proposal depth; a verifier sizing its verifications checks the whole tree here.
+    ``nodes[c][j]`` how many nodes that tree holds (`experiments.profiling.tree_runs`). A tree verification
+    at position j (the verifier's buffer ends at the drafter's tree root) keeps min(offered, runs[c][j]) and
+    feeds the tree's nodes[c][j] nodes (a chain's ``offered`` where the measured tree was empty), so it costs
+    t(uncached + nodes). The node counts are those measured at the profile's proposal depth; a verifier
+    sizing its verifications checks the whole tree here.
 
-    ``path_runs[c][j]`` (optional, with ``proposed`` the tree's most likely path): how many of the path's
-    tokens are kept. Where all of them are, the verification reads on into the drafter's next proposal, made
-    from the path's end and grafted below it (`pipespec.stage`); without them it stops at the tree."""
+    ``path_runs[c][j]`` (optional, with ``proposed`` the tree's most likely path, which the drafter appends
+    to its buffer and proposes on from): how many of the path's tokens are kept. A verifier whose buffer is
+    not at the drafter's tree root (the commit that moves the root has not reached the drafter yet) checks
+    the chain the drafter holds instead (`pipespec.stage`), kept path by path (`verify`); without
+    ``path_runs``, with the tree's branch for the path's kept prefix. ``budget`` (the drafter's
+    `tree_nodes`; 0: the first tree alone): the nodes a drafts message carries, the tree at the root and,
+    while they fit, the trees the drafter proposed on from its path's end, grafted below it; a verification
+    reads on into a graft where the path above it was kept whole."""
 
     nodes: tuple[tuple[int, ...], ...] = ()
     path_runs: tuple[tuple[int, ...], ...] = ()
+    budget: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -330,36 +337,46 @@ class TreeContinuations(AlongContinuations):
     def sampler(self, rng: np.random.Generator, seed: int = 0) -> "_TreeSampler":
         index = seed % len(self.runs)
         return _TreeSampler(self.runs[index], self.nodes[index], self.proposed[index] if self.proposed else None,
-                            self.path_runs[index] if self.path_runs else None)  # fmt: skip
+                            self.path_runs[index] if self.path_runs else None, self.budget)  # fmt: skip
 
 
 class _TreeSampler(_AlongSampler):
     def __init__(self, runs: tuple[int, ...], nodes: tuple[int, ...], proposed: tuple[int, ...] | None,
-                 path_runs: tuple[int, ...] | None = None) -> None:  # fmt: skip
+                 path_runs: tuple[int, ...] | None = None, budget: int = 0) -> None:  # fmt: skip
         super().__init__(runs, proposed)
         self.tree_nodes = nodes
         self.path_runs = path_runs
+        self.budget = budget
 
-    def whole(self, position: int) -> bool:
-        """The tree's most likely path at ``position`` is kept to its end (unknown: no)."""
-        if self.path_runs is None:
-            return False
-        index = position % len(self.runs)
-        return self.path_runs[index] >= self.proposed[index]
+    def tree_span(self, offered: int, start: int = 0) -> tuple[int, int]:
+        """(drafts, nodes) of the verification of the tree rooted at ``start`` when the drafter holds
+        ``offered`` drafts: its tree, and the trees grafted below its paths while their nodes fit the
+        budget; (offered, offered) where the drafter had no tree there (a chain)."""
+        if self.proposed is None:  # its proposals not measured: the tree at the root alone
+            return offered, self.tree_nodes[start % len(self.tree_nodes)] or offered
+        depth, fed, position = 0, 0, start
+        while depth < offered:
+            path, size = self.proposal(position), self.tree_nodes[position % len(self.tree_nodes)]
+            if not path or not size or (fed and fed + size > self.budget):
+                break
+            depth, fed, position = depth + path, fed + size, position + path
+        return (min(depth, offered), fed) if depth else (offered, offered)
 
-    def fed(self, offered: int, start: int = 0) -> int:
-        """The drafts a verification at ``start`` feeds: the tree's nodes (a chain's where it had none); with
-        its paths measured, those of every tree grafted below it that the ``offered`` drafts reach."""
-        if self.path_runs is None:
-            return (self.tree_nodes[start % len(self.tree_nodes)] or offered) if offered else 0
-        total, covered, position = 0, 0, start
-        while covered < offered:
-            index = position % len(self.tree_nodes)
-            if not self.proposed[index] or not self.tree_nodes[index]:
-                return total + offered - covered  # a chain's drafts from here
-            total, covered, position = total + self.tree_nodes[index], covered + self.proposed[index], \
-                position + self.proposed[index]
-        return total
+    def verify_tree(self, offered: int, start: int = 0) -> int:
+        """The drafts a verification of the tree rooted at ``start`` (``offered``: its `tree_span`) keeps: the
+        branch along the text, on into a graft where the path above it was kept whole."""
+        kept, position = 0, start
+        while True:
+            run, path = self.runs[position % len(self.runs)], self.proposal(position)
+            if not path or self.chain_run(position) < path or kept + path >= offered:
+                return min(offered, kept + run)
+            kept, position = kept + path, position + path
+
+    def chain_run(self, position: int) -> int:
+        """A chain verification keeps the most likely path's kept prefix (unknown: the tree's branch)."""
+        runs = self.runs if self.path_runs is None else self.path_runs
+        return runs[position % len(runs)]
+
 
 
 AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, AlongContinuations, Sequence[int]]
@@ -814,6 +831,8 @@ class SimulatedStage:
         self.step_start = 0.0
         self.step_end = 0.0
         self.step_drafts: list[int] = []
+        self.step_tree = False  # the step verifies its drafter's token tree (else the chain it is offered)
+        self.tree_root = 0  # a model-free drafter's: where its tree is rooted, the last commit it adopted
         self.step_proposal = 1  # tokens the first stage's step appends (a model-free proposal: several)
         self.last_end: float | None = None  # when its previous step ended (None: none yet)
         # with contention: seconds of solo computing left in its step, the speed it progresses at now, and
@@ -885,7 +904,13 @@ class SimulatedStage:
         self.busy = True
         self.step_start = now
         sampler = self.acceptance
-        fed = sampler.fed(len(drafts), len(self.buffer)) if isinstance(sampler, _TreeSampler) else len(drafts)
+        # a tree where its buffer ends at the drafter's tree root, else the chain the drafter holds (`pipespec.stage`)
+        self.step_tree = (bool(drafts) and isinstance(sampler, _TreeSampler)
+                          and self.upstream.tree_root == len(self.buffer))  # fmt: skip
+        fed = len(drafts)
+        if self.step_tree:
+            depth, fed = sampler.tree_span(len(drafts), len(self.buffer))
+            drafts = drafts[:depth]
         seconds = simulation.step_time(self.index, len(self.buffer) - self.cached + fed, self.cached)
         if self.last_end is not None and now - self.last_end > BACK_TO_BACK_S:  # after a wait
             seconds *= 1.0 + simulation.wake[self.index]
@@ -927,7 +952,8 @@ class SimulatedStage:
     def verify(self) -> None:
         """A verifier's step ends: the accepted drafts and its own token join its buffer."""
         tokens, sampler, drafts = self.tokens, self.acceptance, self.step_drafts
-        accepted = sampler.verify(len(drafts), len(self.buffer)) if drafts else 0
+        verify = sampler.verify_tree if self.step_tree else sampler.verify
+        accepted = verify(len(drafts), len(self.buffer)) if drafts else 0
         self.buffer.extend(drafts[:accepted])
         self.cached = len(self.buffer)  # own uncached tokens and accepted drafts are now cached
         own = None
@@ -972,7 +998,7 @@ class SimulatedStage:
         differ, catch up where the commit is ahead) and forward it upstream, as the engine does.
         ``produced_from``: where the step that just ended started appending, if one did."""
         tokens = self.tokens
-        self.downstream_committed = tokens.position[token] + 1
+        self.downstream_committed = self.tree_root = tokens.position[token] + 1
         self.match_own_tokens(token)
         missing = tokens.diverging(self.buffer, token)
         change = buffers.adopt(len(self.buffer), self.downstream_committed, self.downstream_committed - len(missing))

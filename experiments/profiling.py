@@ -368,7 +368,7 @@ def tree_runs(propose_tree, prompt: Sequence[int], continuation: Sequence[int], 
     drafts a greedy tree verification keeps there: the verifier follows the child holding its own token;
     `kept`'s `verifier`), how many nodes the tree holds (`nodes`), how many tokens its most likely path holds
     (`paths`: what the drafter appends to its buffer, and proposes on from) and how many of them the verifier
-    keeps (`path_runs`: all of them, and the drafter's next proposal, grafted below the path, is read on)."""
+    keeps (`path_runs`: what it keeps of them when it checks the drafter's chain instead of its tree)."""
     found: dict[str, list[int]] = {"runs": [], "nodes": [], "paths": [], "path_runs": []}
     for j in range(len(continuation)):
         tree = propose_tree(list(prompt) + list(continuation[:j]), max_nodes, min(k, len(continuation) - j))
