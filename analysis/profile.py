@@ -313,8 +313,8 @@ def _tree_runs(data: Any, where: str) -> tuple[TreeRuns, ...]:
         if (paths is not None or path_runs is not None) and not (
             _counts_below(paths, nodes) and _counts_below(path_runs, paths) and _counts_below(path_runs, runs)
         ):  # fmt: skip
-            raise ProfileError(f"{where}.tree_runs[{i}] needs paths and path_runs together, per continuation of "
-                               "the runs' lengths, with 0 <= path_run <= path <= nodes and path_run <= run")  # fmt: skip
+            raise ProfileError(f"{where}.tree_runs[{i}] needs paths and path_runs together, per continuation "
+                               "of the runs' lengths, with 0 <= path_run <= path <= nodes and path_run <= run")
         found.append(TreeRuns(size, *(tuple(map(tuple, x or ())) for x in (runs, nodes, paths, path_runs))))
     return tuple(found)
 

@@ -378,7 +378,6 @@ class _TreeSampler(_AlongSampler):
         return runs[position % len(runs)]
 
 
-
 AcceptanceSpec = Union[float, Bernoulli, Replay, ByPosition, AlongContinuations, Sequence[int]]
 
 

@@ -372,8 +372,9 @@ def tree_runs(propose_tree, prompt: Sequence[int], continuation: Sequence[int], 
     found: dict[str, list[int]] = {"runs": [], "nodes": [], "paths": [], "path_runs": []}
     for j in range(len(continuation)):
         tree = propose_tree(list(prompt) + list(continuation[:j]), max_nodes, min(k, len(continuation) - j))
+        text = continuation[j:] if verifier is None else along(verifier, continuation, j)
         path = tree.path_tokens(tree.best_path())
-        found["runs"].append(len(tree.follow(continuation[j:] if verifier is None else along(verifier, continuation, j))))
+        found["runs"].append(len(tree.follow(text)))
         found["nodes"].append(len(tree))
         found["paths"].append(len(path))
         found["path_runs"].append(kept(path, continuation, verifier, j))

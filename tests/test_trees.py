@@ -343,10 +343,10 @@ def test_the_simulator_prices_a_tree_by_its_nodes():
 def test_a_verifier_off_its_drafter_s_tree_root_checks_the_chain_path_by_path():
     """The drafter appends its tree's most likely path (`proposed`) and, its lead allowing, proposes on from
     the path's end. A verifier whose buffer ends at the drafter's tree root verifies the tree: it keeps the
-    branch along the text and feeds the tree's nodes, and those of the trees grafted below its path that fit
-    the message's nodes (`budget`), read on where the path above was kept whole. One whose commit has not reached the drafter yet (a
-    pipeline's handoff) checks the chain the drafter holds (`pipespec.stage`): each path kept as far as
-    `path_runs` says, on into the next proposal where a path was kept whole."""
+    branch along the text and feeds the tree's nodes, and those of the trees grafted below its path that
+    fit the message's nodes (`budget`), read on where the path above was kept whole. One whose commit has
+    not reached the drafter yet (a pipeline's handoff) checks the chain the drafter holds (`pipespec.stage`):
+    each path kept as far as `path_runs` says, on into the next proposal where a path was kept whole."""
     runs, nodes = (2, 1, 1, 3, 1, 0, 0, 0), (4, 4, 4, 4, 4, 3, 0, 0)
     paths, kept = (2, 2, 1, 3, 2, 1, 0, 0), (2, 1, 1, 1, 1, 0, 0, 0)  # at 3 another branch than the path
     trees = sim.TreeContinuations([runs], (0.5,), [nodes], proposed=[paths], path_runs=[kept])
