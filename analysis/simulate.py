@@ -279,11 +279,16 @@ class _AlongSampler(Sampler):
         """min(offered, runs[start]); for a model-free drafter whose proposal at ``start`` was right to its
         end, the drafts beyond it are the proposal it makes from there (`pipespec.stage`: it proposes
         again from its buffer's end while its lead allows), read on at that position."""
+        return self.read_on(offered, start, self.chain_run)
+
+    def read_on(self, offered: int, start: int, last_run) -> int:
+        """The drafts kept from ``start``: each proposal kept whole (`chain_run`) and then the next one's, up
+        to ``offered``; where one is not kept whole, or the drafts end, ``last_run(position)`` of it."""
         accepted, position = 0, start
         while True:
-            run, proposal = self.chain_run(position), self.proposal(position)
-            if not proposal or run < proposal or accepted + run >= offered:
-                return min(offered, accepted + run)
+            proposal = self.proposal(position)
+            if not proposal or self.chain_run(position) < proposal or accepted + proposal >= offered:
+                return min(offered, accepted + last_run(position))
             accepted, position = accepted + proposal, position + proposal
 
     def chain_run(self, position: int) -> int:
@@ -365,12 +370,7 @@ class _TreeSampler(_AlongSampler):
     def verify_tree(self, offered: int, start: int = 0) -> int:
         """The drafts a verification of the tree rooted at ``start`` (``offered``: its `tree_span`) keeps: the
         branch along the text, on into a graft where the path above it was kept whole."""
-        kept, position = 0, start
-        while True:
-            run, path = self.runs[position % len(self.runs)], self.proposal(position)
-            if not path or self.chain_run(position) < path or kept + path >= offered:
-                return min(offered, kept + run)
-            kept, position = kept + path, position + path
+        return self.read_on(offered, start, lambda position: self.runs[position % len(self.runs)])
 
     def chain_run(self, position: int) -> int:
         """A chain verification keeps the most likely path's kept prefix (unknown: the tree's branch)."""
@@ -831,7 +831,6 @@ class SimulatedStage:
         self.step_end = 0.0
         self.step_drafts: list[int] = []
         self.step_tree = False  # the step verifies its drafter's token tree (else the chain it is offered)
-        self.tree_root = 0  # a model-free drafter's: where its tree is rooted, the last commit it adopted
         self.step_proposal = 1  # tokens the first stage's step appends (a model-free proposal: several)
         self.last_end: float | None = None  # when its previous step ended (None: none yet)
         # with contention: seconds of solo computing left in its step, the speed it progresses at now, and
@@ -903,9 +902,10 @@ class SimulatedStage:
         self.busy = True
         self.step_start = now
         sampler = self.acceptance
-        # a tree where its buffer ends at the drafter's tree root, else the chain the drafter holds (`pipespec.stage`)
+        # a tree where its buffer ends at the drafter's tree root (the last commit the drafter adopted), else the
+        # chain the drafter holds (`pipespec.stage`)
         self.step_tree = (bool(drafts) and isinstance(sampler, _TreeSampler)
-                          and self.upstream.tree_root == len(self.buffer))  # fmt: skip
+                          and self.upstream.downstream_committed == len(self.buffer))  # fmt: skip
         fed = len(drafts)
         if self.step_tree:
             depth, fed = sampler.tree_span(len(drafts), len(self.buffer))
@@ -997,7 +997,7 @@ class SimulatedStage:
         differ, catch up where the commit is ahead) and forward it upstream, as the engine does.
         ``produced_from``: where the step that just ended started appending, if one did."""
         tokens = self.tokens
-        self.downstream_committed = self.tree_root = tokens.position[token] + 1
+        self.downstream_committed = tokens.position[token] + 1
         self.match_own_tokens(token)
         missing = tokens.diverging(self.buffer, token)
         change = buffers.adopt(len(self.buffer), self.downstream_committed, self.downstream_committed - len(missing))
