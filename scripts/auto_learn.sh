@@ -14,6 +14,8 @@
 #     them: the size is the stage's own, fixed when it started), a sweep whose first stage proposes the same
 #     trees, sweep_TT, every configuration of it with trees;
 #  4. python -m analysis.learn RUN SWEEP: per call, the configuration and its paired speedup / the best's.
+# To measure runs and sweeps again, move them aside to OLD/DATASET/... and set ALSO_HOLD=OLD: each new sweep
+# then also holds the configurations OLD/DATASET/<the same sweep name> held (the earlier runs' choices).
 # Every step resumes. Usage: HIERARCHY=smollm2_suffix_fp32 bash scripts/auto_learn.sh (quiet machine: about
 # 50 minutes for SmolLM2 suffix -> fp32 on the 2-core development machine)
 set -euo pipefail
@@ -46,7 +48,7 @@ PY
   # an earlier sweep of the same prompts holds or the learning run ran that is not among them (by name), so a
   # sweep an earlier learning run extended resumes with its whole list
   read -r trees all < <("$PY" - "$run" <<'PY'
-import json, sys
+import json, os, sys
 from pathlib import Path
 from analysis.learn import sweep_configuration
 from analysis.paired import configuration_name
@@ -57,7 +59,8 @@ count = len(read_config(Path(sys.argv[1]))["models"]["stages"])
 entries = [dict(c) for c in compose("sweep")["configurations"]]
 names = {configuration_name(c) for c in entries}
 sweep = Path(sys.argv[1]).parent.parent / ("sweep" if not trees else f"sweep_T{trees}")
-held = [read_config(p.parent)["strategy"] for p in sorted(sweep.glob("*/config.yaml"))
+sweeps = [sweep] + ([Path(os.environ["ALSO_HOLD"]) / sweep.parent.name / sweep.name] if os.environ.get("ALSO_HOLD") else [])
+held = [read_config(p.parent)["strategy"] for d in sweeps for p in sorted(d.glob("*/config.yaml"))
         if p.parent.name != "greedy" and not p.parent.name.startswith(".")]
 held = [{"strategy": s["name"], **{k: s[k] for k in ("lookahead", "max_lead", "stages") if k in s}} for s in held]
 ran = [sweep_configuration(json.loads(line)["auto"]["ran"], count)
@@ -70,6 +73,7 @@ print(trees, "[" + ",".join("{" + ", ".join(f"{k}: {v}" for k, v in e.items()) +
 PY
 )
   name=sweep overrides=""
+  echo "[auto_learn] $d: the sweep's configurations $all" >&2
   if [ "$trees" -gt 0 ]; then name="sweep_T$trees" overrides="+models.stages.0.tree_nodes=$trees"; fi
   HIERARCHIES="$H" DATASETS="$d" SWEEP_CONFIGURATIONS="configurations=$all" SWEEP_NAME="$name" \
       SWEEP_OVERRIDES="$overrides" bash scripts/validation_paired.sh
