@@ -250,12 +250,12 @@ def test_a_job_killed_mid_run_resumes_and_the_other_job_is_untouched(tmp_path):
     """Two jobs at once: pipespec, killed after its first sample, and greedy beside it (its reference)."""
     sweep = tmp_path / "sweep"
     args = ["-m", "models=tiny_k2", "strategy=pipespec,greedy", "strategy.lookahead=3", "dataset=news_lee_cnndm",
-            "dataset.n_samples=3", "max_new_tokens=16", "run.progress=false", f"hydra.sweep.dir={sweep}",
+            "dataset.n_samples=4", "max_new_tokens=24", "run.progress=false", f"hydra.sweep.dir={sweep}",
             *SUBMITIT, *NO_CALLBACK]  # fmt: skip
     process = experiments_run(*args)
     killed_dir = sweep / "0_pipespec_L3_tiny_k2_news_lee_cnndm"
     job = job_writing(psutil.Process(process.pid), killed_dir, process)
-    wait_for_samples(killed_dir, 1, process)  # then killed at once: two samples' time to spare
+    wait_for_samples(killed_dir, 1, process)  # then killed at once: three samples' time to spare
     family = [job, *job.children(recursive=True)]  # the job and its pipeline's processes
     for member in family:
         with contextlib.suppress(psutil.NoSuchProcess):  # a short-lived child may end first
@@ -264,20 +264,20 @@ def test_a_job_killed_mid_run_resumes_and_the_other_job_is_untouched(tmp_path):
     assert code != 0, "the sweep reports the killed job"
     assert not [p.pid for p in family if alive(p)], "a process of the killed job outlived it"
     killed_with = len(read_records(killed_dir)[0])
-    assert 1 <= killed_with < 3 and not (killed_dir / "summary.json").exists()
+    assert 1 <= killed_with < 4 and not (killed_dir / "summary.json").exists()
     (other_dir,) = sweep.glob("1_greedy_*")
     other = json.loads((other_dir / "summary.json").read_text())
-    assert other["complete"] and other["n_samples"] == 3, "the job running beside it finished undisturbed"
+    assert other["complete"] and other["n_samples"] == 4, "the job running beside it finished undisturbed"
 
     code, _, err = finish(experiments_run(*args, "run.resume=true"))
     assert code == 0, err[-3000:]
     records, dropped = read_records(killed_dir)
-    assert dropped == 0 and sorted(r["index"] for r in records) == list(range(3))
-    assert len({r["sample_id"] for r in records}) == 3
+    assert dropped == 0 and sorted(r["index"] for r in records) == list(range(4))
+    assert len({r["sample_id"] for r in records}) == 4
     rows = {Path(row["run"]).name: row for row in collect([sweep])}
-    assert [rows[d.name]["identical_to_greedy"] for d in (killed_dir, other_dir)] == ["3/3", "(reference)"]
+    assert [rows[d.name]["identical_to_greedy"] for d in (killed_dir, other_dir)] == ["4/4", "(reference)"]
     assert all(row["complete"] for row in rows.values())
-    assert json.loads((killed_dir / "summary.json").read_text())["identical_to_greedy"] == "3/3"
+    assert json.loads((killed_dir / "summary.json").read_text())["identical_to_greedy"] == "4/4"
 
 
 # ---- the results store under concurrent jobs ------------------------------------------------------------
