@@ -291,12 +291,16 @@ class _AlongSampler(Sampler):
                 return min(offered, accepted + last_run(position))
             accepted, position = accepted + proposal, position + proposal
 
-    def chain_run(self, position: int) -> int:
-        """How many of the drafter's chain of drafts from ``position`` are kept (its proposal there)."""
+    def branch_run(self, position: int) -> int:
+        """How many of the drafts offered from ``position`` the verifier keeps (``runs``)."""
         return self.runs[position % len(self.runs)]
 
+    def chain_run(self, position: int) -> int:
+        """How many of the drafter's chain of drafts from ``position`` are kept (its proposal there)."""
+        return self.branch_run(position)
+
     def agrees(self, position: int = 0) -> bool:
-        return self.runs[position % len(self.runs)] >= 1
+        return self.branch_run(position) >= 1
 
     def proposal(self, position: int) -> int | None:
         return None if self.proposed is None else self.proposed[position % len(self.proposed)]
@@ -370,7 +374,7 @@ class _TreeSampler(_AlongSampler):
     def verify_tree(self, offered: int, start: int = 0) -> int:
         """The drafts a verification of the tree rooted at ``start`` (``offered``: its `tree_span`) keeps: the
         branch along the text, on into a graft where the path above it was kept whole."""
-        return self.read_on(offered, start, lambda position: self.runs[position % len(self.runs)])
+        return self.read_on(offered, start, self.branch_run)
 
     def chain_run(self, position: int) -> int:
         """A chain verification keeps the most likely path's kept prefix (unknown: the tree's branch)."""

@@ -323,10 +323,16 @@ def along(own: Sequence[int], continuation: Sequence[int], j: int) -> list[int]:
     return tokens
 
 
+def verifier_text(continuation: Sequence[int], verifier: Sequence[int] | None, j: int) -> Sequence[int]:
+    """The verifier's tokens from position j of `continuation` (`along`; None: the verifier made the
+    continuation, whose tokens are its own)."""
+    return continuation[j:] if verifier is None else along(verifier, continuation, j)
+
+
 def kept(proposal: Sequence[int], continuation: Sequence[int], verifier: Sequence[int] | None, j: int) -> int:
     """How many drafts of a proposal at position j its verifier keeps: the common prefix with the verifier's
-    tokens there (`along`; None: the verifier made the continuation, whose tokens are its own)."""
-    return common_prefix(proposal, continuation[j:] if verifier is None else along(verifier, continuation, j))
+    tokens there (`verifier_text`)."""
+    return common_prefix(proposal, verifier_text(continuation, verifier, j))
 
 
 def model_runs(runner, prompt: Sequence[int], continuation: Sequence[int],
@@ -372,12 +378,12 @@ def tree_runs(propose_tree, prompt: Sequence[int], continuation: Sequence[int], 
     found: dict[str, list[int]] = {"runs": [], "nodes": [], "paths": [], "path_runs": []}
     for j in range(len(continuation)):
         tree = propose_tree(list(prompt) + list(continuation[:j]), max_nodes, min(k, len(continuation) - j))
-        text = continuation[j:] if verifier is None else along(verifier, continuation, j)
+        text = verifier_text(continuation, verifier, j)
         path = tree.path_tokens(tree.best_path())
         found["runs"].append(len(tree.follow(text)))
         found["nodes"].append(len(tree))
         found["paths"].append(len(path))
-        found["path_runs"].append(common_prefix(path, text))  # `kept`, on the text read once above
+        found["path_runs"].append(common_prefix(path, text))  # `kept`, on the text read once
     return found
 
 
