@@ -1,6 +1,6 @@
 """Importer for the PipeSpec authors' published benchmark logs (JSON, one file per run).
 
-Schema (see shared/reference/pipespec-official-results/README.md)::
+Schema (see results/official/README.md)::
 
     {"metadata": {"strategy": "greedy|chain|async-chain", "model_configs": [{"path", ...}, ...],
                   "lookahead": int, "dataset": str, "num_samples": int},
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 __all__ = [
+    "DEFAULT_DIR",
     "OfficialLogError",
     "SampleMetrics",
     "OfficialLog",
@@ -58,6 +59,8 @@ __all__ = [
     "main",
 ]
 
+# the authors' logs as committed with their licence and provenance (results/official/README.md)
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "results" / "official" / "humaneval"
 STRATEGIES = ("greedy", "chain", "async-chain")
 STRATEGY_NAMES = {"greedy": "greedy", "chain": "sd", "async-chain": "pipespec"}  # ours, for each logged strategy
 
