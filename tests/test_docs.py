@@ -59,18 +59,15 @@ def test_no_issue_numbers_in_readme_or_docs():
 # The README's headline table: each row's system in the bench run it names.
 HEADLINE_RUN = "results/bench/avx512_2026-12-06b"
 HEADLINE_SYSTEMS = {
-    "HF greedy (fastest: 1 thread)": "hf_greedy",
-    "HF assisted generation (int8 draft, best of its settings)": "hf_assisted",
-    "HF prompt lookup": "hf_prompt_lookup",
-    "greedy (ours, faster of 1 and 2 threads)": "greedy",
-    "sd, int8 -> fp32 (best window)": "sd",
-    "pipespec k=2, int8 -> fp32": "pipespec_k2",
-    "pipespec k=3, prompt lookup -> int8 -> fp32": "pipespec_k3",
-    "pipespec, suffix -> fp32 on 2 threads (lookahead 1)": "pipespec@smollm2_suffix_fp32_t2",
-    "sd, flat suffix -> fp32 on 2 threads (best window)": "sd@smollm2_suffix_flat_fp32_t2",
-    "pipespec, flat suffix token trees -> fp32 on 2 threads": "pipespec@smollm2_suffix_flat_tree8_fp32_t2",
-    "sd, flat suffix -> compiled fp32 on 2 threads": "sd@smollm2_suffix_flat_fp32_t2_compiled",
-    "sd, flat suffix token trees -> compiled fp32 on 2 threads": "sd@smollm2_suffix_flat_tree8_fp32_t2_compiled",
+    "HF greedy (1 thread)": "hf_greedy",
+    "HF assisted generation (int8 -> fp32)": "hf_assisted",
+    "greedy (fp32), ours": "greedy",
+    "SD k=2 (int8 -> fp32)": "sd",
+    "PipeSpec k=2 (int8 -> fp32)": "pipespec_k2",
+    "PipeSpec k=3 (lookup -> int8 -> fp32)": "pipespec_k3",
+    "SD k=2 (flat suffix trees of 8 -> compiled fp32 on 2 threads)": "sd@smollm2_suffix_flat_tree8_fp32_t2_compiled",
+    "PipeSpec k=2 (flat suffix trees of 8 -> compiled fp32 on 2 threads)":
+        "pipespec@smollm2_suffix_flat_tree8_fp32_t2_compiled",
 }
 
 
@@ -94,3 +91,42 @@ def test_the_readme_headline_is_the_bench_run_it_names():
             assert ratio == f"{system['ratio_vs_hf_greedy']:.2f}", (label, dataset)
             done, total = map(int, system["identical_to_greedy"].split("/"))
             assert done == total > 0, (label, dataset)
+
+
+def test_the_readme_headline_names_systems_as_analysis_names_does():
+    """Each SD and PipeSpec row of the headline table is named by `analysis.names.system_name` from the stages
+    the bench run recorded, so the README and every figure and report use one name per system."""
+    import json
+
+    from analysis.names import system_name
+
+    report = json.loads((ROOT / HEADLINE_RUN / "humaneval" / "bench.json").read_text())
+    systems = {s["name"]: s for s in report["systems"]}
+    for label, name in HEADLINE_SYSTEMS.items():
+        strategy = systems[name]["settings"].get("strategy")
+        if strategy in ("sd", "pipespec"):
+            assert label == system_name(strategy, systems[name]["stages"]), (label, name)
+
+
+def test_the_readme_says_what_news_lee_is_and_how_large_the_sample_is():
+    """The results section calls news_lee a stand-in for CNN/DM with its article count and median lengths as
+    the bundled files give them, and states the sample (prompts x repetitions x tokens) and the machine, as
+    the run's bench.json records them."""
+    import json
+    import statistics
+
+    section = (ROOT / "README.md").read_text().split("## Results")[1].split("\n## ")[0]
+    flat = " ".join(section.split())
+    assert "stand-in for CNN/DM" in flat and "on CPUs" in flat
+    data = ROOT / "experiments" / "data" / "news_lee"
+    lengths = {f: [len(line.split()) for line in (data / f).read_text(encoding="latin-1").split("\n") if line.strip()]
+               for f in ("lee_background.cor", "lee.cor")}  # fmt: skip
+    assert f"{sum(map(len, lengths.values()))} news articles" in flat
+    for words in lengths.values():
+        median = statistics.median(words)
+        assert f"{median:g} words" in flat or f"{median:g} in its {len(words)}-article" in flat, median
+    run = json.loads((ROOT / HEADLINE_RUN / "news_lee_cnndm" / "bench.json").read_text())
+    assert (f"{run['prompts']['n']} prompts" in flat and f"{run['repetitions']} repetitions" in flat
+            and f"{run['max_new_tokens']} new tokens" in flat), "the sample: prompts x repetitions x tokens"
+    cpu = run["machine"]["cpu"]
+    assert f"family {cpu['family']} model {cpu['model']}" in flat and run["machine"]["torch"] in flat
