@@ -1,6 +1,7 @@
 """`python -m experiments.bench` end to end on tiny models, and its arithmetic on hand-made traces."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -288,3 +289,80 @@ def test_an_sd_systems_settings_keep_the_warm_up_of_its_compiled_stages():
     assert settings == {"strategy": "sd", "window": 3, "draft_confidence": 0.4, "chosen_from": [2, 3],
                         "draft_confidences_tried": [0.0, 0.4], "warm_up_s": [0.0, 345.2]}  # fmt: skip
     assert "warm_up_s" not in sd_settings(chosen, candidates, {})
+
+
+def test_a_compiled_hf_call_runs_with_no_hook_for_dynamo_to_trace(tiny_models):
+    """HF compiled at its best: during its generate call no forward hook of ours is attached to the target or the
+    assistant (dynamo would trace their Python state and recompile at every call); they are back afterwards, and
+    the call's counts follow from greedy decoding (one prefill, then one token per forward)."""
+    from experiments.benchlib.hf import HFBaseline
+    from pipespec.specs import StageSpec
+
+    *drafts, target = tiny_models([0.05])
+    hf = HFBaseline(StageSpec(model=target), StageSpec(model=drafts[0]))
+    prompt = [5, 9, 17, 33, 65, 129, 5, 9, 17]
+    seen = []
+    real = hf.target.generate
+
+    def generate(**kwargs):
+        seen.append((len(hf.target._forward_pre_hooks), len(hf.draft._forward_pre_hooks),
+                     len(hf.target._forward_hooks)))
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("cache_implementation", "max_cache_len",
+                                                               "compile_config")}
+        return real(**kwargs)  # the hooks' absence is what is checked, not the compiler
+
+    try:
+        greedy = hf.generate(prompt, 12, "greedy")
+        hf.target.generate = generate
+        compiled = hf.generate(prompt, 12, "compiled")
+        hf.target.generate = real
+        again = hf.generate(prompt, 12, "greedy")
+    finally:
+        hf.close()
+    assert seen == [(0, 0, 0)]
+    assert compiled.tokens == greedy.tokens == again.tokens
+    assert again.target_fed == greedy.target_fed and again.target_time_s > 0  # the hooks count again
+    assert compiled.target_fed == [len(prompt)] + [1] * (len(compiled.tokens) - 1)
+    assert compiled.target_time_s == pytest.approx(compiled.time_s) and compiled.draft_calls == 0
+
+
+def test_every_bench_ratio_has_a_paired_interval_over_prompts_and_its_worst_prompt():
+    """Paired per prompt and repetition against the base: a system twice as fast on every prompt but one (where it
+    runs at 0.75) has that prompt as its worst, an interval around its geometric mean, and the base comes out 1."""
+    from types import SimpleNamespace
+
+    from experiments.benchlib.intervals import paired_ratio_fields, ratio_cell, worst_cell
+
+    def system(name, seconds):
+        runs = [(rep, index, SimpleNamespace(tokens=[0] * 10, time_s=s * (1 + 0.01 * rep)))
+                for index, s in enumerate(seconds) for rep in range(3)]
+        return SimpleNamespace(name=name, runs=runs)
+
+    base = system("hf_greedy", [1.0] * 6)
+    fast = system("sd", [0.5, 0.5, 0.5, 0.5, 0.5, 1 / 0.75])
+    fields = paired_ratio_fields([base, fast], "hf_greedy")
+    sd = fields["sd"]
+    assert sd["worst_prompt_index_vs_hf_greedy"] == 5
+    assert sd["worst_prompt_vs_hf_greedy"] == pytest.approx(0.75)
+    expected = math.exp((5 * math.log(2) + math.log(0.75)) / 6)
+    assert sd["ratio_vs_hf_greedy_paired"] == pytest.approx(expected)
+    assert sd["ratio_vs_hf_greedy_low"] < expected < sd["ratio_vs_hf_greedy_high"] <= 2.0 + 1e-9
+    assert fields["hf_greedy"]["ratio_vs_hf_greedy_paired"] == pytest.approx(1.0)
+    assert ratio_cell(sd).startswith(f"{expected:.2f} (") and worst_cell(sd) == "0.75 (prompt 5)"
+    assert paired_ratio_fields([fast], "hf_greedy") == {} and ratio_cell({}) == "-"
+
+
+def test_a_committed_bench_is_re_read_with_intervals_and_a_missing_one_is_one_line(tmp_path, capsys):
+    """`python -m experiments.benchlib.intervals RUN_DIR` re-reads a bench's runs.json: every system's paired ratio
+    with its interval and worst prompt; a folder without runs.json is one line and exit status 2."""
+    from experiments.benchlib.intervals import main
+
+    records = [{"system": name, "repetition": rep, "prompt": p, "tokens": [1] * 8, "time_s": s * (1 + p / 10)}
+               for name, s in (("hf_greedy", 1.0), ("sd", 0.5)) for p in range(3) for rep in range(2)]
+    (tmp_path / "runs.json").write_text(json.dumps(records))
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| sd | 2.00 (2.00-2.00) | 2.00 (prompt " in out
+    assert main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main([str(tmp_path), "--base", "nothing"]) == 2

@@ -23,6 +23,10 @@ Forward hooks on the target (and the assistant) count the model calls, the token
 fed to each and the time spent inside them, so an HF run can be broken down like a
 pipeline trace: target compute, draft compute, everything else (generate's own
 Python: candidate bookkeeping, logits processors, stopping criteria, cache crops).
+A "compiled" call runs with no hook attached: dynamo would trace the hooks' Python state
+and recompile at every call, slowing the very baseline it measures. Its counts follow
+from greedy decoding itself (one prefill, then one token per forward) and its time is
+the generate call's, measured from outside.
 
 Assisted-generation window settings (`num_assistant_tokens`,
 `num_assistant_tokens_schedule`, `assistant_confidence_threshold`) are read by
@@ -33,9 +37,10 @@ to the next) and reports the settings it used.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from pipespec.decoding import final_output
 from pipespec.errors import ConfigError
@@ -113,10 +118,16 @@ class _ForwardMeter:
         self.durations: list[float] = []
         self.seconds = 0.0
         self._started = None
-        self._handles = [
-            module.register_forward_pre_hook(self._pre, with_kwargs=True),
-            module.register_forward_hook(self._post),
-        ]
+        self._module = module
+        self._handles: list = []
+        self.attach()
+
+    def attach(self) -> None:
+        if not self._handles:
+            self._handles = [
+                self._module.register_forward_pre_hook(self._pre, with_kwargs=True),
+                self._module.register_forward_hook(self._post),
+            ]
 
     def reset(self) -> None:
         self.fed, self.layers, self.durations, self.seconds = [], [], [], 0.0
@@ -148,6 +159,20 @@ class _ForwardMeter:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+        self._handles = []
+
+
+@contextlib.contextmanager
+def _unmetered(*meters: _ForwardMeter | None) -> Iterator[None]:
+    """No hook on the models inside (a compiled call: nothing of ours for dynamo to trace)."""
+    present = [m for m in meters if m is not None]
+    for meter in present:
+        meter.remove()
+    try:
+        yield
+    finally:
+        for meter in present:
+            meter.attach()
 
 
 def assisted_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -248,14 +273,18 @@ class HFBaseline:
         self._target_meter.reset()
         if self._draft_meter is not None:
             self._draft_meter.reset()
-        started = time.perf_counter()
-        with torch.inference_mode():
+        hooks = contextlib.nullcontext() if mode != "compiled" else _unmetered(self._target_meter, self._draft_meter)
+        with hooks, torch.inference_mode():
+            started = time.perf_counter()
             output = self.target.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - started
         generated = output[0, input_ids.shape[1] :].tolist()
         tokens = final_output(generated, max_new_tokens, self.eos_ids)
         draft_meter = self._draft_meter if mode == "assisted" else None
-        target_fed, target_s, draft_calls, draft_s = self._target_meter.split(self.target.config.num_hidden_layers)
+        if mode == "compiled":  # greedy: one prefill, then one forward per further token; timed from outside
+            target_fed, target_s, draft_calls, draft_s = [len(prompt_ids)] + [1] * (len(generated) - 1), elapsed, 0, 0.0
+        else:
+            target_fed, target_s, draft_calls, draft_s = self._target_meter.split(self.target.config.num_hidden_layers)
         if draft_meter is not None and settings.get(EARLY_EXIT) is None:
             draft_calls, draft_s = len(draft_meter.fed), draft_meter.seconds
         return HFResult(tokens=tokens, time_s=elapsed, mode=mode, prompt_length=len(prompt_ids), target_fed=target_fed,
