@@ -1,351 +1,273 @@
-"""Model-vs-measurement report of run directories (Markdown and a self-contained HTML page; no torch).
+"""Model vs measurement: the paper's closed forms and our engine-schedule model against held-out sweeps (no torch).
 
-    python -m analysis.report RUN_DIRS... [--out DIR] [--official DIR]
+    python -m analysis.report                              # the committed paired validations -> results/report/
+    python -m analysis.report DIR... [--out DIR]           # DIR: a paired validation, or a folder of them
+    python -m analysis.report --pair PROFILE SWEEP [--pair PROFILE SWEEP ...] [--out DIR]
+    python -m analysis.report RUN_DIRS... --out DIR [--official DIR]   # the per-run report (analysis.report_runs)
 
-For every run (a run directory, or a directory holding runs) it sets side by
-side: the measured tokens/s, our wall-clock model (``analysis.evaluate``: an
-in-sample decomposition, since its costs are fitted on the very run it reports;
-held-out predictions come from a machine profile: ``analysis.validate``) and the paper's model (Eq. 4 / 5 over one target
-step), with their errors; each figure and number is marked as a measurement, an
-in-sample fit or a held-out prediction; then per run the fitted per-stage costs and per-pair estimates
-(alpha, rho, gamma, tokens per step) against the paper's Eq. 1 / 3 / 4. With
-``--official`` it adds both models on the authors' published logs of the largest
-target. ``DIR/report.md`` links the figures in ``DIR/figures/``;
-``DIR/report.html`` embeds them as base64 PNG, so it is one file.
+A paired validation is a folder holding `profile/profile.json` (a machine profile measured on prompts 0-9,
+`python -m experiments.profile`) and `sweep/` (a paired sweep on prompts 20-27 with traces, `python -m
+experiments.sweep`), as `scripts/validation_paired.sh` makes them. For each one it writes into
+`DIR/report.md` (and `DIR/figures/`, PNG + PDF), per configuration and drafter/verifier pair:
 
-A directory that is not a run (or a corrupt file in one) stops the report with
-a one-line error naming it, and exit status 2.
+- the verification fraction rho and tokens per step: measured, with 95% intervals over the sweep's prompts;
+  the paper's Eq. 3 / 4 and our engine-schedule model, held out (from the profile); the extended closed
+  forms of `analysis.closed_forms` beside the paper's, held out and in sample; each with its residual;
+- the speedup: measured (paired, 95% over prompts), ours with a 95% prediction interval that includes the
+  sweep's prompt sampling (`analysis.report_model.prediction_interval`), the paper's Eq. 4 / 5 and Eq. 6;
+  the coverage of ours' intervals per hierarchy and dataset;
+- for each class of misfit the assumption that fails, from the traces: the lead at verify time, acceptance
+  by draft position, the chain's transitions, the target's step costs and busy share.
+
+Every table says whether it is held out (the profile's prompts predicting the sweep's) or in sample.
+
+Given run directories (a run, or a folder of runs) instead, it writes the per-run in-sample report of
+`analysis.report_runs` (report.md and report.html). Bad input (a folder that is neither, a sweep without
+traces or without a profile, a torn file) is one `error:` line naming what is missing and the command that
+makes it, exit 2. The report is written into a temporary folder beside DIR and moved into place whole.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import html
-import math
+import os
+import shutil
 import sys
-from dataclasses import dataclass
+import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from analysis import evaluate, figures
-from analysis import import_official as official
-from analysis.runs import ResultsError, find_runs
-from pipespec.stats import ratio
+from analysis import report_figures, report_tables, validate
+from analysis.profile import ProfileError
+from analysis.report_model import SweepAnalysis, analyse
+from analysis.report_runs import Table, build_report  # noqa: F401  (the per-run report, importable from here)
+from analysis.rundir import find_run_dirs
+from analysis.runs import ResultsError
+from pipespec.errors import ConfigError
 
-TOLERANCE = 0.15  # the error our model is held to
-
-
-@dataclass
-class Table:
-    header: list[str]
-    rows: list[list[str]]
-
-    def markdown(self) -> str:
-        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
-        lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in self.rows]
-        return "\n".join(lines)
-
-    def html(self) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_VALIDATIONS = ROOT / "results" / "validation_paired"
+DEFAULT_HIERARCHIES = ("smollm2_int8_fp32", "smollm2_pld_int8_fp32", "smollm2_suffix_fp32")
+DEFAULT_DATASETS = ("humaneval", "news_lee_cnndm")
+DEFAULT_OUT = ROOT / "results" / "report"
+PROFILE, SWEEP = Path("profile") / "profile.json", Path("sweep")
+MAKE_VALIDATION = "HIERARCHIES=H DATASETS=D bash scripts/validation_paired.sh"
+MAKE_PROFILE = ("python -m experiments.profile models=H dataset=D dataset.n_samples=10 profile.continuation=96 "
+                "hydra.run.dir=DIR/profile")
+MAKE_SWEEP = ("python -m experiments.sweep models=H dataset=D samples=8 prompt_offset=20 repetitions=3 "
+              "max_new_tokens=96 profile=DIR/profile/profile.json hydra.run.dir=DIR/sweep")
+TITLE = "pipespec: the paper's model and ours against measurement"
 
 
-def _num(value: float | None, spec: str = ".2f") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value, spec)
+class ReportError(Exception):
+    """Bad input to the report: the message is the one line to print."""
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{100 * value:+.1f}%"
+# ---- inputs ----------------------------------------------------------------------------------------------------
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None or not math.isfinite(seconds) else f"{1000 * seconds:.1f}"
+def default_validations() -> list[tuple[Path, Path]]:
+    return [(DEFAULT_VALIDATIONS / h / d / PROFILE, DEFAULT_VALIDATIONS / h / d / SWEEP)
+            for h in DEFAULT_HIERARCHIES for d in DEFAULT_DATASETS]  # fmt: skip
 
 
-# --------------------------------------------------------------------------- content
+def validations_in(path: Path, depth: int = 2) -> list[tuple[Path, Path]]:
+    """The paired validations at or below ``path`` (a folder holding profile/profile.json and sweep/)."""
+    if (path / PROFILE).is_file() and (path / SWEEP).is_dir():
+        return [(path / PROFILE, path / SWEEP)]
+    if depth <= 0 or not path.is_dir():
+        return []
+    return [found for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+            for found in validations_in(child, depth - 1)]  # fmt: skip
 
 
-def summary_table(evaluations: Sequence[evaluate.RunEvaluation]) -> Table:
-    rows = []
-    for e in evaluations:
-        run = e.run
-        rows.append([
-            run.label, str(run.depth if run.strategy != "greedy" else 1), run.dataset,
-            str(e.measurement.samples), str(e.measurement.tokens),
-            _num(e.measured_tokens_per_s), _num(e.ours.tokens_per_s), _pct(e.ours_error),
-            _num(e.paper_tokens_per_s), _pct(e.paper_error), e.paper_t1_source,
-            "exact" if run.lossless else f"{figures.SYNTHETIC_LABEL}, rate {run.synthetic_rate}",
-        ])
-    return Table(["run", "stages", "dataset", "samples", "tokens", "measured tok/s", "ours tok/s (in-sample)",
-                  "ours error", "paper tok/s (in-sample)", "paper error", "paper t_K(1) from", "acceptance"], rows)
+def _not_validation(path: Path) -> str:
+    """The line for a folder that holds no paired validation: what is missing, and what makes it."""
+    if not path.exists():
+        return f"{path}: no such directory"
+    if (path / SWEEP).is_dir() or validate.is_sweep_dir(path):
+        folder = path if (path / SWEEP).is_dir() else path.parent
+        return (f"{folder / PROFILE}: missing (a sweep is predicted from the profile beside it); make it with "
+                f"{MAKE_PROFILE.replace('DIR', str(folder))}")
+    if (path / PROFILE).is_file():
+        return f"{path / SWEEP}: missing; make it with {MAKE_SWEEP.replace('DIR', str(path))}"
+    return (f"{path}: neither a paired validation (profile/profile.json beside sweep/; make one with "
+            f"{MAKE_VALIDATION}) nor a run directory (no summary.json here or below; make one with "
+            f"python -m experiments.run)")
 
 
-def stage_table(evaluation: evaluate.RunEvaluation) -> Table:
-    rows = []
-    predicted_busy = evaluation.ours.busy_fraction
-    for i, stage in enumerate(evaluation.measurement.stages):
-        cost = stage.cost
-        busy = predicted_busy[i] if i < len(predicted_busy) and evaluation.run.strategy != "greedy" else None
-        rows.append([
-            stage.name, stage.kind, str(stage.steps),
-            _ms(cost.fixed) if cost else "-", _ms(cost.per_token) if cost else "-",
-            _num(cost.contention) if cost else "-", f"{cost.min_fed}-{cost.max_fed}" if cost else "-",
-            _ms(stage.step_overhead_s), _ms(stage.prefill_s_per_token),
-            _num(stage.busy_fraction), _num(busy),
-        ])
-    return Table(["stage", "kind", "steps", "a ms", "b ms/token", "contention", "fed range", "overhead ms",
-                  "prefill ms/token", "busy measured", "busy (in-sample model)"], rows)
-
-
-def pair_table(evaluation: evaluate.RunEvaluation) -> Table:
-    rows = []
-    for pair in evaluation.measurement.pairs:
-        alpha = pair.alpha
-        rows.append([
-            f"{pair.drafter} -> {pair.verifier}",
-            "-" if alpha is None else f"{alpha.alpha:.3f} +- {_num(alpha.stderr, '.3f')}",
-            f"{_num(pair.alpha_first, '.3f')} / {_num(pair.alpha_next, '.3f')}",
-            str(pair.verify_steps), str(pair.single_steps), _num(pair.rho), _num(pair.gamma),
-            _num(pair.accepted_per_verify + 1), _num(ratio(sum(pair.accepted_counts), sum(pair.offered_counts))),
-            _num(pair.tokens_per_step),
-        ])
-    return Table(["pair", "alpha (MLE +- se)", "alpha first / next", "verifications", "one-token steps", "rho",
-                  "gamma (offered/verify)", "mean acceptance length", "draft acceptance rate", "tokens/step"], rows)
-
-
-def comparison_table(evaluation: evaluate.RunEvaluation) -> Table:
-    rows = [[c.quantity, c.scope, _num(c.predicted, ".3f"), _num(c.measured, ".3f"), _num(c.residual, "+.3f"),
-             _pct(c.relative_error)] for c in evaluation.comparisons]
-    ours = evaluation.ours
-    if evaluation.run.strategy != "greedy":
-        rows.append(["tokens/step (ours, simulated)", "target", _num(ours.tokens_per_target_step, ".3f"),
-                     _num(evaluation.measurement.target_tokens_per_step, ".3f"),
-                     _num(ours.tokens_per_target_step - evaluation.measurement.target_tokens_per_step, "+.3f"),
-                     _pct(ours.tokens_per_target_step / evaluation.measurement.target_tokens_per_step - 1)])
-    rows.append(["tokens/s (ours, in-sample)", "run", _num(ours.tokens_per_s, ".3f"),
-                 _num(evaluation.measured_tokens_per_s, ".3f"),
-                 _num(ours.tokens_per_s - evaluation.measured_tokens_per_s, "+.3f"), _pct(evaluation.ours_error)])
-    return Table(["quantity", "scope", "model (in-sample)", "measured", "residual", "relative"], rows)
-
-
-def official_table(rows: Sequence[evaluate.OfficialPrediction]) -> Table:
-    return Table(
-        ["log", "strategy", "models", "measured ms/token", "ours ms/token (in-sample)", "ours error",
-         "paper ms/token (in-sample)",
-         "paper error", "alpha used", "lookahead"],
-        [[r.file, r.strategy, ",".join(r.models), _num(r.measured_ms), _num(r.ours_ms), _pct(r.ours_error),
-          _num(r.paper_ms), _pct(r.paper_error), "/".join(f"{a:.3f}" for a in r.alphas) + f" ({r.alpha_source})",
-          str(r.lookahead)] for r in rows],
-    )
-
-
-# what each figure shows: a measurement, an in-sample fit or a held-out prediction (none here: see analysis.validate)
-FIGURE_KINDS = {
-    "fig3_accepted_histogram": "measurement",
-    "fig4_lookahead": "measurement",
-    "fig5_timeline": "measurement",
-    "rho_alpha": "measurement (rho, gamma) and in-sample fit (alpha, MLE) against Eq. 3",
-    "model_measured": "in-sample decomposition against measurement (no held-out prediction)",
-    "speedup_depth": "measurement",
-    "synthetic_acceptance": f"measurement, {figures.SYNTHETIC_LABEL}",
-}
-
-
-def figure_kind(name: str) -> str:
-    return next((kind for prefix, kind in FIGURE_KINDS.items() if name.startswith(prefix)), "measurement")
-
-
-def status_table(evaluation: evaluate.RunEvaluation) -> Table:
-    """What each number of a run is: a measurement, an in-sample fit (or decomposition) or a held-out
-    prediction (the last: none in this report; `analysis.validate` predicts runs from a profile)."""
-    run = evaluation.run
-    acceptance = "exact (lossless)" if run.lossless else f"{figures.SYNTHETIC_LABEL}, set rate {run.synthetic_rate}"
-    rows = [
-        ["measured tok/s, ms/token, busy measured, steps, verifications, one-token steps, rho, gamma, "
-         "mean acceptance length, draft acceptance rate, tokens/step", "measurement", f"this run's summary and traces ({acceptance})"],
-        ["a, b, contention, overhead, prefill per token; alpha (MLE +- se), alpha first / next",
-         "in-sample fit", "fitted on this run's own traces"],
-        ["ours tok/s, busy (in-sample model), tokens/step (ours, simulated), start-up",
-         "in-sample decomposition", "analysis.evaluate with the costs and acceptance fitted on this run"],
-        ["paper tok/s, Eq. 1 / 3 / 4 / 5 values", "in-sample (paper model)",
-         f"paper's equations with this run's alpha and gamma; t_K(1) from {evaluation.paper_t1_source}"],
-        ["held-out prediction", "none", "not in this report: python -m analysis.validate PROFILE RUN_DIRS"],
-    ]
-    return Table(["numbers", "kind", "from"], rows)
-
-
-ASSUMPTIONS = [
-    "Measured: tokens/s pooled over samples (sum of tokens / sum of generation time), as summary.json.",
-    "Ours (analysis.evaluate), an in-sample decomposition, not a prediction: the discrete-event simulator played with each stage's fitted step cost "
-    "t(n) = a + b n plus its per-step overhead, CPU contention as processor sharing (slowdown 1 + s per other "
-    "stage computing), each pair's acceptance in runs (first draft alpha_first, later ones alpha_next), the "
-    "run's lookahead and max_lead, the measured handoff latency per message hop (rollback delay; 2(k-1) hops "
-    "per sd round), the prefill of the stages on the critical path and the per-call dispatch time. "
-    "Prompt lookup is a drafter whose proposals cost ~0 and take no core, with a proposal after each commit "
-    "with its measured supply probability.",
-    "Paper: tokens per target step from Eq. 4 (pipespec; alpha and gamma of the last pair, gamma = measured mean "
-    "drafts offered) or Eq. 5 (sd; c = t_K(1) / t_{K-1}(1)), divided by one target step t_K(1); greedy = 1 / t_K(1). "
-    "It has no verification cost, no drafter supply limit, no rollback delay and no prefill.",
-    "Costs are fitted from each run's own traces (contention on the 2-core machine is folded in), so both models "
-    "see the same costs; neither is given the measured time.",
-]
-
-
-# --------------------------------------------------------------------------- assembly
-
-
-TITLE = "pipespec: model vs measurement"
-LISTED = ("What is compared", "Figures not drawn")  # the sections whose paragraphs are list items
-PAGE_STYLE = ("<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
-              "margin:8px 0;font-size:13px}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"
-              "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style>")
-
-
-def _official_rows(official_dir: Path | None) -> list[evaluate.OfficialPrediction] | None:
-    """Both models on the published logs in ``official_dir`` (None without it); unreadable logs: ResultsError."""
-    if official_dir is None:
-        return None
-    try:
-        return evaluate.official_predictions(official_dir)
-    except official.OfficialLogError as error:
-        raise ResultsError(f"{official_dir}: {error}") from None
-
-
-def _draw_figures(runs, evaluations, figure_dir: Path) -> tuple[list[tuple[str, str, bytes]], list[str]]:
-    """Our figures of the runs as PNG files in ``figure_dir``: (name, caption, png) of each one drawn, and a
-    note for each one not drawn."""
-    images: list[tuple[str, str, bytes]] = []
-    notes: list[str] = []
-    builders = {**figures.ours_figures(runs, evaluations), **figures.synthetic_figures(runs)}
-    for name, drawn, reason in figures.drawn_figures(builders):
-        if drawn is None:
-            notes.append(f"{name}: skipped ({reason})")
+def classify(paths: Sequence[Path]) -> tuple[list[tuple[Path, Path]], list[Path]]:
+    """(paired validations, run directories) named by ``paths``; a ReportError for a path that is neither,
+    or for a mix of both."""
+    pairs: list[tuple[Path, Path]] = []
+    runs: list[Path] = []
+    for path in paths:
+        found = validations_in(path)
+        if found:
+            pairs += found
             continue
-        data = figures.png_bytes(drawn.fig)
-        (figure_dir / f"{name}.png").write_bytes(data)
-        images.append((name, f"{name.replace('_', ' ')} [{figure_kind(name)}]: {drawn.caption} "
-                             f"Runs: {drawn.selection}.", data))
-    return images, notes
+        if validate.is_sweep_dir(path) and (path.parent / PROFILE).is_file():  # a sweep named beside its profile
+            pairs.append((path.parent / PROFILE, path))
+            continue
+        if validate.is_sweep_dir(path) or (path / PROFILE).is_file() or (path / SWEEP).is_dir():
+            raise ReportError(_not_validation(path))
+        try:
+            runs += find_run_dirs([path])
+        except ResultsError:
+            raise ReportError(_not_validation(path)) from None
+    if pairs and runs:
+        raise ReportError(f"{runs[0]}: a run directory among paired validations: give either paired validations "
+                          "or run directories")  # fmt: skip
+    return pairs, runs
 
 
-def _headline(evaluations: Sequence[evaluate.RunEvaluation]) -> str:
-    """Both models' largest and mean |error| over the runs, and how many runs ours holds within TOLERANCE."""
-    errors = [abs(e.ours_error) for e in evaluations]
-    paper_errors = [abs(e.paper_error) for e in evaluations if e.paper_error is not None]
-    within = sum(err <= TOLERANCE for err in errors)
-    return (
-        f"Our model: largest |error| {100 * max(errors):.1f}%, mean {100 * sum(errors) / len(errors):.1f}%, "
-        f"{within}/{len(errors)} runs within {100 * TOLERANCE:.0f}%. "
-        + (f"Paper model: largest |error| {100 * max(paper_errors):.1f}%, mean "
-           f"{100 * sum(paper_errors) / len(paper_errors):.1f}%." if paper_errors else "Paper model: no value.")
-    )
+def _missing(profile: Path, sweep: Path) -> str | None:
+    """The line for a pair whose profile or sweep is absent (None: both there)."""
+    folder = profile.parent.parent
+    if not profile.is_file():
+        return f"{profile}: no profile; make it with {MAKE_PROFILE.replace('DIR', str(folder))}"
+    if not sweep.is_dir():
+        return f"{sweep}: no sweep; make it with {MAKE_SWEEP.replace('DIR', str(folder))}"
+    return None
 
 
-def _run_blocks(e: evaluate.RunEvaluation) -> list:
-    """A run's section: where it is and its settings, then its stage, status, pair and comparison tables."""
-    blocks: list = [f"Directory: {e.run.path}. Lookahead {e.run.lookahead}, max_lead {e.run.max_lead}; "
-                    f"handoff latency {_ms(e.measurement.handoff_s)} ms, dispatch {_ms(e.measurement.dispatch_s)} "
-                    f"ms per sample; modelled start-up {e.ours.startup_s:.2f} s of {e.ours.seconds:.2f} s.",
-                    stage_table(e), status_table(e)]
-    if e.measurement.pairs:
-        blocks.append(pair_table(e))
-    blocks.append(comparison_table(e))
-    return blocks
+def read_validations(pairs: Sequence[tuple[Path, Path]]) -> list[SweepAnalysis]:
+    """Every pair analysed; the first bad one is a ReportError naming it and the command that makes it."""
+    analyses = []
+    for profile, sweep in pairs:
+        line = _missing(profile, sweep)
+        if line:
+            raise ReportError(line)
+        folder = profile.parent.parent
+        try:
+            analyses.append(analyse(profile, sweep))
+        except ProfileError as error:
+            raise ReportError(f"{profile}: {error}; make it again with "
+                              f"{MAKE_PROFILE.replace('DIR', str(folder))}") from None
+        except (ResultsError, ConfigError) as error:
+            raise ReportError(f"{error}; make the sweep with {MAKE_SWEEP.replace('DIR', str(folder))}") from None
+    return analyses
 
 
-def _sections(evaluations: Sequence[evaluate.RunEvaluation], official_rows,
-              notes: list[str]) -> list[tuple[str, list]]:
-    """The report's sections before its figures: (heading, blocks), a block being a paragraph or a Table."""
-    sections: list[tuple[str, list]] = [("Summary", [_headline(evaluations), summary_table(evaluations)]),
-                                        ("What is compared", ASSUMPTIONS)]
-    sections += [(f"Run: {e.run.label}", _run_blocks(e)) for e in evaluations]
-    if official_rows is not None:
-        sections.append(("Published logs (largest target)", [
-            "Our simulator with the logs' mean step times; sd replays the logged accepted counts, pipespec uses "
-            "alphas calibrated so the simulated mean accepted per verification equals the logged one (the logs do "
-            "not record how many drafts were offered). Paper: Eq. 4 / 5 over the greedy log's step time.",
-            official_table(official_rows)]))
-    if notes:
-        sections.append(("Figures not drawn", notes))
-    return sections
+# ---- writing -----------------------------------------------------------------------------------------------------
 
 
-def _intro(runs) -> str:
-    """The paragraph under the title: what made the report, from how many runs on which machine."""
-    env = runs[0].env
-    machine = f"{env.get('cpu', '?')}, {env.get('cpu_count', '?')} CPUs" if env else "unknown machine"
-    return (f"Made by python -m analysis.report from {len(runs)} runs ({machine}). Every number below is a "
-            "measurement or an in-sample fit / decomposition of the run it describes; held-out predictions "
-            "(from a machine profile measured on other prompts) are made by python -m analysis.validate.")
+def write_atomically(out: Path, fill: Callable[[Path], None]) -> None:
+    """``fill`` a temporary folder beside ``out``, then move it into place whole (an older ``out`` is replaced
+    only once the new one is complete); nothing is left behind on failure."""
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / "report.md").is_file())):
+        raise ReportError(f"{out}: exists and is not a report folder (no report.md): give --out a new folder "
+                          "or a report's")  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        fill(staging)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(staging, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
-def _markdown_text(intro: str, sections: list[tuple[str, list]], images: list[tuple[str, str, bytes]]) -> str:
-    """The report as Markdown, linking each figure in ``figures/``."""
-    md = [f"# {TITLE}", "", intro, ""]
-    for heading, blocks in sections:
-        md += [f"## {heading}", ""]
+def _sections(analyses: Sequence[SweepAnalysis]) -> list[tuple[str, list]]:
+    """The report's sections: (heading, blocks), a block being a paragraph or a Table."""
+    from analysis import report_text as text
+
+    t = report_tables
+    return [
+        ("Headline (held out)", [text.HEADLINE, t.headline(analyses), text.headline_numbers(analyses)]),
+        ("What is compared", [text.COMPARED]),
+        ("Verification fraction rho, held out", [text.RHO_HELD_OUT, t.rho_held_out(analyses)]),
+        ("Verification fraction rho, in sample", [text.RHO_IN_SAMPLE, t.rho_in_sample(analyses)]),
+        ("How much of rho's residual each ingredient removes", [text.REMOVED, t.residual_removed(analyses),
+                                                                text.BY_CLASS, t.residual_by_class(analyses)]),
+        ("Misfit 1: the lead at verify time is not a fixed gamma (in sample)", [text.LEADS, t.leads(analyses)]),
+        ("Misfit 2: acceptance depends on the draft position", [text.POSITION, t.by_position(analyses)]),
+        ("Misfit 3: a verification follows whenever drafts wait (in sample)",
+         [text.TRANSITIONS, t.transitions(analyses)]),
+        ("Tokens per step, held out (Eq. 1 / 4)", [text.TOKENS, t.tokens_per_step(analyses)]),
+        ("Speedup, held out (Eq. 4 / 5 / 6 and ours)", [text.SPEEDUP, t.speedups(analyses)]),
+        ("Misfit 4: a step is not one time unit (in sample)", [text.TIMING, t.timing(analyses)]),
+        ("Coverage of ours' 95% intervals, held out", [text.COVERAGE, t.coverage(analyses)]),
+    ]
+
+
+def markdown(analyses: Sequence[SweepAnalysis], figures: Sequence[tuple[str, str]], command: str) -> str:
+    from analysis import report_text as text
+
+    lines = [f"# {TITLE}", "", text.intro(analyses, command), ""]
+    for heading, blocks in _sections(analyses):
+        lines += [f"## {heading}", ""]
         for block in blocks:
-            if isinstance(block, Table):
-                md += [block.markdown(), ""]
-            else:
-                md += [f"- {block}" if heading in LISTED else block, ""]
-    md += ["## Figures", ""]
-    for name, caption, _ in images:
-        md += [f"![{caption}](figures/{name}.png)", ""]
-    return "\n".join(md)
+            lines += [block.markdown() if isinstance(block, Table) else block, ""]
+    lines += ["## Figures", ""]
+    for name, caption in figures:
+        lines += [f"![{caption}](figures/{name}.png)", "", f"{caption} (`figures/{name}.png`, `.pdf`)", ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
-def _html_page(intro: str, sections: list[tuple[str, list]], images: list[tuple[str, str, bytes]]) -> str:
-    """The report as one self-contained HTML page, each figure embedded as base64 PNG."""
-    page = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(TITLE)}</title>",
-            f"{PAGE_STYLE}</head><body>", f"<h1>{html.escape(TITLE)}</h1><p>{html.escape(intro)}</p>"]
-    for heading, blocks in sections:
-        page.append(f"<h2>{html.escape(heading)}</h2>")
-        page += [block.html() if isinstance(block, Table) else f"<p>{html.escape(block)}</p>" for block in blocks]
-    page.append("<h2>Figures</h2>")
-    for name, caption, data in images:
-        encoded = base64.b64encode(data).decode("ascii")
-        page.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
-                    f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-    page.append("</body></html>")
-    return "\n".join(page)
+def build_model_report(pairs: Sequence[tuple[Path, Path]], out: Path, command: str) -> Path:
+    """Analyse every paired validation, then write out/report.md and out/figures/ whole; ReportError on bad input."""
+    analyses = read_validations(pairs)
+
+    def fill(folder: Path) -> None:
+        drawn = report_figures.draw(analyses, folder / "figures")
+        (folder / "report.md").write_text(markdown(analyses, drawn, command))
+
+    write_atomically(out, fill)
+    return out / "report.md"
 
 
-def build_report(run_paths: Sequence[str | Path], out: Path, official_dir: Path | None = None) -> tuple[Path, Path]:
-    """Write DIR/report.md, DIR/report.html and DIR/figures/*.png; raise ResultsError on bad input."""
-    runs = find_runs(run_paths)
-    evaluations = evaluate.evaluate_runs(runs)
-    official_rows = _official_rows(official_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    figure_dir = out / "figures"
-    figure_dir.mkdir(exist_ok=True)
-    images, notes = _draw_figures(runs, evaluations, figure_dir)
-    sections = _sections(evaluations, official_rows, notes)
-    intro = _intro(runs)
-    md_path, html_path = out / "report.md", out / "report.html"
-    md_path.write_text(_markdown_text(intro, sections, images))
-    html_path.write_text(_html_page(intro, sections, images))
-    return md_path, html_path
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", type=Path,
+                        help="paired validations (or folders of them); or run directories for the per-run report")
+    parser.add_argument("--pair", nargs=2, action="append", type=Path, metavar=("PROFILE", "SWEEP"), default=[],
+                        help="a profile.json and the sweep it predicts (repeatable)")
+    parser.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--official", type=Path, default=None,
+                        help="per-run report only: also compare both models on the authors' logs in this folder")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="run directories, or directories holding runs (a multirun)")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="output folder (default ./report)")
-    parser.add_argument("--official", type=Path, default=None,
-                        help="also compare both models on the authors' logs in this folder")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
-        md_path, html_path = build_report(args.runs, args.out, args.official)
-    except ResultsError as error:
+        pairs, runs = classify(args.paths)
+        pairs += [(Path(p), Path(s)) for p, s in args.pair]
+        if runs:
+            return _run_report(runs, args.out or Path("report"), args.official)
+        pairs = pairs or default_validations()
+        command = " ".join(["python -m analysis.report", *(sys.argv[1:] if argv is None else argv)])
+        path = build_model_report(pairs, args.out or DEFAULT_OUT, command)
+    except ReportError as error:
         print(f"error: {error}", file=sys.stderr)  # one line, no traceback
         return 2
-    print(f"wrote {md_path}")
-    print(f"wrote {html_path}")
+    print(f"wrote {path}")
+    return 0
+
+
+def _run_report(runs: Sequence[Path], out: Path, official: Path | None) -> int:
+    """The per-run in-sample report (`analysis.report_runs`), written whole."""
+    written: list[str] = []
+
+    def fill(folder: Path) -> None:
+        md_path, html_path = build_report(runs, folder, official)
+        written.extend([md_path.name, html_path.name])
+
+    try:
+        write_atomically(out, fill)
+    except (ResultsError, ReportError) as error:
+        print(f"error: {error}", file=sys.stderr)  # one line, no traceback
+        return 2
+    for name in written:
+        print(f"wrote {out / name}")
     return 0
 
 
