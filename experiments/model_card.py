@@ -138,8 +138,8 @@ def format_card(cards: dict, costs: dict, args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from experiments.hub import default_offline
+    default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
     parser = argparse.ArgumentParser(description="measure and print the model card of the default hierarchies")
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -13,12 +13,11 @@ The measurement is `experiments.profiling`; `python -m analysis.predict RUN_DIR/
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+from experiments.hub import default_offline  # noqa: E402
+default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402

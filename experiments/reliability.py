@@ -393,8 +393,8 @@ def run_bad_inputs(log) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from experiments.hub import default_offline
+    default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--soak-generations", type=int, default=100)

@@ -14,16 +14,13 @@ turns known errors into one line.
 
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Offline or online is each run's `hub.offline` setting, resolved by RunConfig.from_config (experiments.hub).
+import hydra
+from omegaconf import DictConfig, OmegaConf
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from experiments.conf import CONFIG_PATH  # noqa: E402
+from experiments.conf import CONFIG_PATH
 
 EMBEDDED_DEFAULT = ["-m", "strategy=greedy,auto"]
 

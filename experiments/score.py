@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+from experiments.hub import default_offline  # noqa: E402
+default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
 
 from analysis.rundir import (  # noqa: E402
     SAMPLES,

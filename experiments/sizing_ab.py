@@ -14,12 +14,11 @@ identical to the other variant's. Run it on a quiet machine: it is a timing.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+from experiments.hub import default_offline  # noqa: E402
+default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
 
 
 def compare(run) -> dict:

@@ -66,7 +66,8 @@ def soak(models: str, generations: int, max_new_tokens: int, bound_mb: float, ti
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from experiments.hub import default_offline
+    default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", type=int, default=200)
     parser.add_argument("--models", default="tiny_k3", help="a hierarchy in conf/models/")

@@ -20,7 +20,6 @@
 # 50 minutes for SmolLM2 suffix -> fp32 on the 2-core development machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 PY=${PY:-.venv/bin/python}
 H=${HIERARCHY:-smollm2_suffix_fp32}
 OUT=${OUT:-results/validation_paired}

@@ -17,7 +17,6 @@
 # Usage: SAMPLES=4 REPS=2 bash scripts/bench_heldout.sh [OUT_DIR (default results/bench/heldout_DATE)] [extra overrides...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 PY=${PY:-.venv/bin/python}
 OUT=${1:-results/bench/heldout_$(date -u +%F)}  # a dated run of its own
 SAMPLES=${SAMPLES:-8}

@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 OUT=${1:-results/cpu_sweep}
 N=${2:-5}
 TOKENS=${3:-64}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # the committed results were measured before oneDNN prepacking (pipespec.kernels): keep their kernels
 export PIPESPEC_KERNELS=${PIPESPEC_KERNELS:-torch}
 MODELS=smollm2_pld_fp32,smollm2_int8_fp32,smollm2_pld_int8_fp32

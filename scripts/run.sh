@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# offline unless the run names a hub dataset or model: the `hub.offline` setting (experiments.hub)
 exec .venv/bin/python -m experiments.run "$@"

@@ -8,7 +8,6 @@ cd "$(dirname "$0")/.."
 OUT=${1:-results/synthetic_sweep}
 N=${2:-3}
 TOKENS=${3:-64}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # the committed results were measured before oneDNN prepacking (pipespec.kernels): keep their kernels
 export PIPESPEC_KERNELS=${PIPESPEC_KERNELS:-torch}
 COMMON=(models=smollm2_int8_fp32 dataset=humaneval dataset.n_samples="$N" max_new_tokens="$TOKENS"

@@ -2,7 +2,6 @@
 # helpers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # the committed results were measured before oneDNN prepacking (pipespec.kernels): keep their kernels
 export PIPESPEC_KERNELS=${PIPESPEC_KERNELS:-torch}
 PY=${PY:-.venv/bin/python}

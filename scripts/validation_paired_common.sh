@@ -1,7 +1,6 @@
 # Sourced by validation_paired.sh and validation_paired_in_sample.sh: their shared settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-results/validation_paired}
 HIERARCHIES=${HIERARCHIES:-"smollm2_suffix_fp32 smollm2_int8_fp32 smollm2_pld_int8_fp32"}

@@ -13,13 +13,17 @@ node) with the fields of a `conf/dataset/*.yaml` file:
     stand_in         must match the loader (true only for news_lee)
     hub_id, hub_config, hub_revision, split   hub datasets only
     source_field, reference_field, id_field   column names (hub / local copies)
-    path             local copy; null = bundled data (humaneval, news_lee) or the hub
+    path             local copy; null = bundled data (humaneval, news_lee) or the hub.
+                     Hub datasets: a .jsonl(.gz) or .parquet file, a `datasets` save_to_disk folder,
+                     the hub's parquet files (a snapshot of the repository, e.g. CNN/DM's
+                     3.0.0/test-00000-of-00001.parquet, or of its refs/convert/parquet branch,
+                     e.g. XSum's default/test/0000.parquet), or a folder of .jsonl files
     n_samples, seed, ids            selection, see `select_samples`
     categories       spec_bench only: the question categories kept (null = all)
 
-Hub datasets are never fetched when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set:
-`HubOfflineError` is raised at once, naming `dataset.path`, instead of letting
-`datasets` retry the network for a minute.
+Hub datasets are never fetched when the user asked for offline (`hub.offline=true`, or
+HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set; `experiments.hub`): `HubOfflineError` is raised
+at once, naming `dataset.path`, instead of letting `datasets` retry the network for a minute.
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ import gzip
 import json
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
+
+from experiments import hub
+from pipespec.errors import ConfigError
 
 # Hydra config group of these files: the prefix users type on the command line.
 CONFIG_PREFIX = "dataset"
@@ -38,9 +46,6 @@ CONFIG_PREFIX = "dataset"
 NEWS_LEE_DIR = Path(__file__).resolve().parent / "news_lee"
 # Background corpus first, then the 50-document evaluation corpus: 300 + 50 articles.
 NEWS_LEE_FILES = ("lee_background.cor", "lee.cor")
-
-_TRUTHY = {"1", "true", "yes", "on"}
-_OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 # --------------------------------------------------------------------------- errors
@@ -50,7 +55,7 @@ class DataError(Exception):
     """Base class of every data-side error (configuration, files, contents)."""
 
 
-class HubOfflineError(DataError):
+class HubOfflineError(DataError, ConfigError):
     """A hub dataset was requested while offline and no local copy is configured."""
 
 
@@ -207,12 +212,8 @@ def select_samples(
 
 
 def hub_offline() -> bool:
-    """True when either Hugging Face offline switch is set in the environment."""
-    return bool(_offline_switches_set())
-
-
-def _offline_switches_set() -> list[str]:
-    return [var for var in _OFFLINE_ENV_VARS if os.environ.get(var, "").strip().lower() in _TRUTHY]
+    """True when the environment says offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE or TRANSFORMERS_OFFLINE true)."""
+    return hub.offline()
 
 
 # -------------------------------------------------------------------------- loaders
@@ -238,7 +239,7 @@ def _load_humaneval(cfg: Mapping[str, Any], meta: dict[str, Any]) -> tuple[list[
 def _load_hub(cfg: Mapping[str, Any], meta: dict[str, Any]) -> tuple[list[Sample], str]:
     """A hub summarisation dataset, or its local copy when `path` is set."""
     if cfg.get("path"):
-        rows, origin = _read_local_rows(_existing_path(cfg["path"]), cfg.get("split", "test"))
+        rows, origin = _read_local_rows(_existing_path(cfg["path"]), cfg.get("split", "test"), cfg.get("hub_config"))
     else:
         rows, origin = _read_hub_rows(cfg)
     return _rows_to_samples(rows, cfg, meta, origin), origin
@@ -353,32 +354,88 @@ def _read_hub_rows(cfg: Mapping[str, Any]) -> tuple[Sequence[Mapping[str, Any]],
     origin = f"hf://{hub_id}" + (f"/{cfg['hub_config']}" if cfg.get("hub_config") else "")
     origin += (f"@{cfg['hub_revision']}" if cfg.get("hub_revision") else "") + f"[{split}]"
     # Checked before importing `datasets`: offline it would retry the network for ~50 s.
-    if hub_offline():
-        switches = ", ".join(f"{var}={os.environ[var]}" for var in _offline_switches_set())
+    reason = hub.offline_reason()
+    if reason:
         copy = (
-            f"save_to_disk directory or .jsonl with fields {cfg.get('source_field')!r}/{cfg.get('reference_field')!r}"
+            f"save_to_disk directory, the hub's parquet files or .jsonl with fields "
+            f"{cfg.get('source_field')!r}/{cfg.get('reference_field')!r}"
             if cfg.get("source_field") else "a .jsonl file of its rows"
         )  # fmt: skip
         raise HubOfflineError(
             f"{cfg.get('name', hub_id)}: hub dataset {hub_id!r} is unavailable offline "
-            f"({switches}); set {CONFIG_PREFIX}.path to a local copy ({copy})"
+            f"({reason}); set {CONFIG_PREFIX}.path to a local copy ({copy}), or {hub.online_hint()}"
         )
+    hub.use_hub(f"dataset {hub_id!r}")  # an entry point's offline default is lifted for it
     import datasets
 
-    dataset = datasets.load_dataset(
-        hub_id, cfg.get("hub_config"), split=split, revision=cfg.get("hub_revision")
-    )
+    try:
+        dataset = datasets.load_dataset(
+            hub_id, cfg.get("hub_config"), split=split, revision=cfg.get("hub_revision")
+        )
+    except (OSError, RuntimeError, ValueError) as error:  # no network, no such repo/config/split, a script
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(
+            f"{cfg.get('name', hub_id)}: cannot read the hub dataset {origin} ({reason}); check the network and "
+            f"{CONFIG_PREFIX}.hub_id / hub_config / hub_revision / split, or set {CONFIG_PREFIX}.path to a local copy"
+        ) from None
     return dataset, origin
 
 
-def _read_local_rows(path: Path, split: str) -> tuple[Sequence[Mapping[str, Any]], str]:
-    """Rows of a .jsonl(.gz) file, a `save_to_disk` directory, or a directory of .jsonl."""
+def _read_local_rows(path: Path, split: str, config: str | None = None) -> tuple[Sequence[Mapping[str, Any]], str]:
+    """Rows of a .jsonl(.gz) or .parquet file, a `save_to_disk` directory, the parquet files of a hub dataset
+    (split `split` of its config `config`, `_parquet_files`), or a directory of .jsonl."""
     if path.is_file():
-        return _read_jsonl(path), str(path)
+        return (_read_parquet([path]) if path.suffix == ".parquet" else _read_jsonl(path)), str(path)
     if _is_saved_dataset(path):
         return _load_saved_dataset(path, split), str(path)
+    parquet = _parquet_files(path, split, config)
+    if parquet is not None:
+        pattern, files = parquet
+        return _read_parquet(files), str(path / pattern)
     jsonl_file = _pick_jsonl_file(path, split)
     return _read_jsonl(jsonl_file), str(jsonl_file)
+
+
+# Where a hub dataset's parquet files hold split SPLIT of config CONFIG, relative to a local copy of the
+# repository: its own files (CNN/DM: 3.0.0/test-00000-of-00001.parquet; data/test-*.parquet), the hub's
+# parquet conversion (the refs/convert/parquet branch; XSum: default/test/0000.parquet), or the folder of
+# one config or split itself.
+PARQUET_LAYOUTS = ("{config}/{split}-*.parquet", "{config}/{split}/*.parquet", "data/{split}-*.parquet",
+                   "{split}-*.parquet", "{split}/*.parquet", "*.parquet")  # fmt: skip
+SPLIT_SHARD = re.compile(r"[A-Za-z][A-Za-z0-9_]*-\d")  # a split's shard, e.g. train-00000-of-00003.parquet
+
+
+def _parquet_files(directory: Path, split: str, config: str | None) -> tuple[str, list[Path]] | None:
+    """(the first of PARQUET_LAYOUTS with files, its files in name order), or None when the directory holds no
+    .parquet file at all (at most three levels down); config None is the hub's "default"."""
+    if not any(directory.glob("*.parquet")) and not any(directory.glob("*/*.parquet")) \
+            and not any(directory.glob("*/*/*.parquet")):  # fmt: skip
+        return None
+    for layout in PARQUET_LAYOUTS:
+        pattern = layout.format(config=config or "default", split=split)
+        files = sorted(directory.glob(pattern))
+        if layout == "*.parquet":  # the split's own folder: not another split's shards (train-00000-of-00001)
+            files = [f for f in files if not SPLIT_SHARD.match(f.name)]
+        if files:
+            return pattern, files
+    found = sorted(str(p.relative_to(directory)) for p in directory.rglob("*.parquet"))[:6]
+    raise DatasetPathError(
+        f"{directory} holds parquet files ({', '.join(found)}) but none of split {split!r} of config "
+        f"{config or 'default'!r} (e.g. {PARQUET_LAYOUTS[0].format(config=config or 'default', split=split)}); "
+        f"set {CONFIG_PREFIX}.split / {CONFIG_PREFIX}.hub_config, or point {CONFIG_PREFIX}.path at the split's folder"
+    )
+
+
+def _read_parquet(files: Sequence[Path]) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for file in files:
+        try:
+            rows += pq.read_table(file).to_pylist()
+        except Exception as error:  # pyarrow's ArrowInvalid and OSError: not a parquet file
+            raise DatasetPathError(f"{file}: not a readable parquet file ({type(error).__name__})") from None
+    return rows
 
 
 def _is_saved_dataset(directory: Path) -> bool:
