@@ -314,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Both models (ours and the paper's) against measured runs and/or the published logs.",
     )
     parser.add_argument("runs", nargs="*", help="run directories or directories holding runs")
-    parser.add_argument("--official", help="folder of the authors' logs (e.g. .../pipespec-official-results/humaneval)")
+    parser.add_argument("--official", help="folder of the authors' logs (committed: "
+                        f"{official.DEFAULT_DIR.relative_to(official.DEFAULT_DIR.parents[2])})")
     parser.add_argument("--all-logs", action="store_true",
                         help="with --official: every log, not only the largest target's (slower)")
     parser.add_argument("--tolerance", type=float, default=None,

@@ -24,7 +24,7 @@ from analysis.runs import find_runs, greedy_reference, select_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "results_tiny"
-OFFICIAL_DIR = REPO_ROOT.parent / "shared/reference/pipespec-official-results/humaneval"
+OFFICIAL_DIR = official.DEFAULT_DIR  # results/official/humaneval, committed with its licence
 OFFICIAL_FIGURES = ("fig3_accepted_histogram", "fig4_lookahead", "fig5_gpu_utilisation", "rho_alpha",
                     "model_measured", "speedup_depth")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -61,13 +61,19 @@ def test_all_figures_from_logs_and_fixture(tmp_path):
 
 
 def test_cli_skips_absent_sources_with_a_note(tmp_path):
-    done = _run("-m", "analysis.figures", "--official", str(tmp_path / "no_logs"), "--results", str(FIXTURE),
-                "--out", str(tmp_path / "out"))
+    """A source left out on request (--only) is skipped with a note; an absent one stops the command (exit status
+    2, one line naming it) before anything is written."""
+    done = _run("-m", "analysis.figures", "--only", "ours", "--results", str(FIXTURE), "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     assert "note: skipped the published logs" in done.stdout and "Traceback" not in done.stderr
     assert (tmp_path / "out" / "rho_alpha_ours.png").read_bytes().startswith(PNG_MAGIC)
     assert (tmp_path / "out" / "rho_alpha_ours.pdf").exists()
     assert not list((tmp_path / "out").glob("*_official.*"))
+    done = _run("-m", "analysis.figures", "--official", str(tmp_path / "no_logs"), "--results", str(FIXTURE),
+                "--out", str(tmp_path / "out2"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and str(tmp_path / "no_logs") in done.stderr
+    assert not (tmp_path / "out2").exists()
 
 
 def test_speedup_figure_uses_the_greedy_run():
@@ -105,7 +111,7 @@ def test_official_gpu_figure_averages_active_gpus_only():
     expected = sum(s["gpu_utilizations"][g] for s in stats for g in devices) / (len(stats) * len(devices))
     everything = sum(sum(s["gpu_utilizations"]) for s in stats) / (len(stats) * len(stats[0]["gpu_utilizations"]))
     row = drawn.rows[0]
-    assert row["panel"].startswith("AR") and row["mean_utilisation_percent_per_active_gpu"] == pytest.approx(expected)
+    assert row["panel"].startswith("greedy") and row["mean_utilisation_percent_per_active_gpu"] == pytest.approx(expected)
     assert expected > everything  # the idle GPUs would have diluted it
     assert row["energy_j_per_token_per_active_gpu"] > 0
     assert "70B (GPU" in row["active_gpus"] or "70B" in row["active_gpus"]

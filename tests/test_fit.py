@@ -23,7 +23,7 @@ from analysis.runs import ResultsError, find_runs, load_run
 from pipespec.trace import StageTrace
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "results_tiny"
-OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "shared/reference/pipespec-official-results/humaneval"
+OFFICIAL_DIR = official.DEFAULT_DIR  # results/official/humaneval, committed with its licence
 needs_official = pytest.mark.skipif(not OFFICIAL_DIR.is_dir(), reason=f"official logs absent: {OFFICIAL_DIR}")
 
 

@@ -27,7 +27,7 @@ from analysis.runs import find_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "results_tiny"
-OFFICIAL_DIR = REPO_ROOT.parent / "shared/reference/pipespec-official-results/humaneval"
+OFFICIAL_DIR = official.DEFAULT_DIR  # results/official/humaneval, committed with its licence
 needs_official = pytest.mark.skipif(not OFFICIAL_DIR.is_dir(), reason=f"official logs absent: {OFFICIAL_DIR}")
 
 TABLE2_70B = [  # (file, strategy): the paper's Table 2 SD and PipeSpec rows of the 70B target
