@@ -51,8 +51,9 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+from experiments.hub import default_offline  # noqa: E402
+
+default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the bench names a hub id (experiments.hub)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import hydra  # noqa: E402

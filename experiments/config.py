@@ -160,6 +160,14 @@ def check_profile(strategy: Mapping[str, Any]) -> str | None:
     return profile
 
 
+def check_quality(dataset: Mapping[str, Any], options: RunOptions) -> None:
+    """`dataset.metric` and the pass@1 settings, before any stage starts: an unknown metric id is a `MetricError`
+    naming it whether or not the dataset has references (`experiments.data.quality.quality_setup`)."""
+    from experiments.data.quality import quality_setup
+
+    quality_setup(dataset, options.execute_code)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One run of a hierarchy x strategy x dataset, validated (`from_config`)."""
@@ -178,26 +186,35 @@ class RunConfig:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "RunConfig":
         """Check every option of a composed `conf/config.yaml` (a plain mapping) and resolve the stages (the
-        `tiny:` and `smollm2` aliases built; under `run.plan`, GPUs this machine lacks accepted)."""
-        from experiments.hierarchies import resolve_stages
+        `tiny:` and `smollm2` aliases built; `placement` and `precision` applied and recorded in `raw`, where they
+        change a stage: `experiments.placement`; under `run.plan`, GPUs this machine lacks accepted)."""
+        from experiments.placement import place_stages
+        from experiments.hub import preflight
 
         if not isinstance(config, Mapping):
             raise ConfigError(f"a run config must be a mapping, got {type(config).__name__}")
         options = RunOptions.from_config(config)
+        preflight(config, plan=options.plan)  # hub.offline resolved, hub ids checked, before anything loads
         budget = check_budget(config.get("max_new_tokens"))
         models = section(config, "models", required=True)
         family = check_family(models.get("family", "base"))
         hierarchy = models.get("name")
         if not isinstance(hierarchy, str) or not hierarchy:
             raise ConfigError(f"models.name must be the hierarchy's name, got {hierarchy!r}")
-        stages = tuple(resolve_stages(models.get("stages") or [], check_devices=not options.plan))
+        placed_name, placed, stages = place_stages(models, config.get("placement"), config.get("precision"),
+                                                   options.plan)  # fmt: skip
+        stages = tuple(stages)
         call = call_options(config)
         check_call(call, stages)
         dataset = section(config, "dataset", required=True)
         if not isinstance(dataset.get("name"), str):
             raise ConfigError(f"dataset.name must be the dataset's name, got {dataset.get('name')!r}")
-        return cls(hierarchy, family, stages, call, check_profile(config["strategy"]), check_learn(config["strategy"]),
-                   dataset, budget, options, copy.deepcopy(dict(config)))  # fmt: skip
+        check_quality(dataset, options)
+        raw = copy.deepcopy(dict(config))
+        if (placed_name, placed) != (hierarchy, models.get("stages")):  # config.yaml records the stages as run
+            raw["models"] = {**raw["models"], "name": placed_name, "stages": copy.deepcopy(placed)}
+        return cls(placed_name, family, stages, call, check_profile(config["strategy"]),
+                   check_learn(config["strategy"]), dataset, budget, options, raw)  # fmt: skip
 
     @property
     def is_auto(self) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from experiments.conf import load, options
+from experiments.hub import check_models
 from pipespec.errors import ConfigError
 from pipespec.specs import check_target_options, StageSpec
 
@@ -69,6 +70,7 @@ def resolve_stages(stages: Sequence[StageSpec | str | Mapping[str, Any]], check_
     """Stage specs from a config list; `check_devices=False` (plan mode) accepts GPUs this machine lacks."""
     if not stages:
         raise ConfigError("models.stages is empty: list the stages, smallest drafter first, target last")
+    check_models(stages, plan=not check_devices)  # hub models: in the local cache offline, a token if gated
     specs = [resolve_stage(s, check_devices) for s in stages]
     check_target_options(specs)  # e.g. vocab_limit is for drafters: the last stage is the target
     return specs

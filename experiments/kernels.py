@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -51,8 +50,7 @@ from pathlib import Path
 from pipespec.compiled import StillCompiling, compiled_graphs, graph_breaks
 from pipespec.compiled import warm_up as compiled_warm_up
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# offline or online: the composed config's `hub.offline`, resolved by RunConfig.from_config (experiments.hub)
 
 VARIANTS = ("torch", "onednn", "exported", "compile", "compile_unpacked")
 COMPILED = ("compile", "compile_unpacked")  # variants whose forward torch.compile compiles
