@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 from pipespec.api import Pipeline
 from pipespec.errors import ConfigError
+from pipespec.hierarchy import check_hierarchy
 from experiments.machine import stage_identity
 from pipespec.specs import StageSpec
 
@@ -201,12 +202,11 @@ def choose_for_run(run, prompts) -> AutoChoice:
 
 def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | None,
                         draft_confidence: float = 0.0, value_stop: float = 0.0,
-                        profile_prompts: Sequence | None = None) -> AutoChoice:  # fmt: skip
+                        profile_prompts: Sequence | None = None, checked=None) -> AutoChoice:  # fmt: skip
     """`AutoPipeline(stages, profile=PATH)`'s choice; without a profile, the cached short profile of these
     stages on `profile_prompts` (strings or token ids; None: the first HumanEval problems), measured first
-    if there is none."""
-    from pipespec.models import check_shared_vocabulary, context_length
-
+    if there is none. `checked`: the stages' checks made already (`pipespec.hierarchy.check_hierarchy`),
+    whose tokenizer encodes the prompts; None: checked here when a profile is measured."""
     check_auto_options(draft_confidence, value_stop)
     if profile_prompts is not None and profile_path is not None:
         raise ConfigError("give strategy auto a profile or profile_prompts to measure one on, not both")
@@ -214,9 +214,10 @@ def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | N
     def prompts():
         from experiments.profiling import SHORT_PROMPTS_WITH_COSTS
 
-        tokenizer = check_shared_vocabulary(specs)
+        hierarchy = checked or check_hierarchy(specs)
+        tokenizer = hierarchy.tokenizer
         if profile_prompts is None:
-            return default_prompts(tokenizer, context_length(specs[-1].model), SHORT_PROMPTS_WITH_COSTS)
+            return default_prompts(tokenizer, hierarchy.context_length, SHORT_PROMPTS_WITH_COSTS)
         return "given prompts", [(f"prompt-{i}", _prompt_ids(p, tokenizer)) for i, p in enumerate(profile_prompts)]
 
     return choose(specs, profile_path, None, prompts)
@@ -259,8 +260,11 @@ class AutoPipeline(Pipeline):
             raise ConfigError(f"learn must be true or false, got {learn!r}")
         specs = [StageSpec.from_any(s) for s in stages]
         if choice is None:  # `choice`: one made already (the runner's), from a profile of these stages
+            if profile is None and options.get("checked") is None:  # a short profile's prompts need the tokenizer:
+                options["checked"] = check_hierarchy(specs)  # checked once, for them and for the pipeline
             choice = choose_for_pipeline(specs, profile, options.get("draft_confidence", 0.0),
-                                         options.get("value_stop", 0.0), profile_prompts)  # fmt: skip
+                                         options.get("value_stop", 0.0), profile_prompts,
+                                         options.get("checked"))  # fmt: skip
         started = chosen_specs(specs, range(len(specs)), choice.tree_nodes) if learn else choice.specs(specs)
         super().__init__(list(started), choice.strategy, choice.lookahead, choice.max_lead, **options)
         self.auto, self.learn = choice, learn

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipespec.drafters import DraftTree, common_prefix
+from pipespec.drafters import common_prefix
+from pipespec.tree import DraftTree
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "results" / "drafters"

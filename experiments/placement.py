@@ -151,8 +151,9 @@ def check_gpu_count(hierarchy: str, stages: Sequence[Mapping[str, Any]], n_gpus:
     else:
         example = ",".join(f"cuda:{j % n_gpus}" for j in range(len(stages)))
         hint = f"placement=cuda:0 (every stage on cuda:0) or placement=[{example}]"
-    devices = ", ".join(str(s.get("device")) for s in stages)
-    raise ConfigError(f"{hierarchy}: its stages name GPU(s) {', '.join(f'cuda:{g}' for g in named)} ({devices}) "
+    devices = ", ".join(str(s.get("device") or "cpu") for s in stages)
+    gpus = ", ".join(f"cuda:{g}" for g in named)
+    raise ConfigError(f"{hierarchy}: its stages name GPU(s) {gpus} (stages on {devices}) "
                       f"but this machine has {what}: set {hint}")  # fmt: skip
 
 

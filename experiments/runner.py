@@ -7,9 +7,11 @@ shaped like the composed `conf/config.yaml` (models, strategy, dataset, max_new_
 sampling, acceptance, run); Hydra is only the entry point (`experiments/run.py`), so this
 module works without it. The run:
 
-1. checks every option (`RunConfig.from_config`), loads the dataset and builds its
-   prompts (`experiments.data.prompts_for`), and under `strategy=auto` makes the
-   choice (`experiments.auto`), all before any process starts;
+1. checks every option (`RunConfig.from_config`) and the hierarchy, once
+   (`check_run_hierarchy`: the target's tokenizer, EOS ids and context length, handed to
+   the pipeline), loads the dataset and builds its prompts (`experiments.data.prompts_for`),
+   and under `strategy=auto` makes the choice (`experiments.auto`), all before any
+   process starts;
 2. opens the run directory (`analysis.rundir.RunStore`): a fresh one, or with
    `run.resume` an interrupted one whose finished samples are kept and skipped;
 3. starts the pipeline, takes one short untimed generation (first-call
@@ -35,6 +37,7 @@ from pipespec.stats import StageStats, pool
 
 if TYPE_CHECKING:
     from experiments.data import DatasetPrompts, Prompt
+    from pipespec.hierarchy import CheckedHierarchy
 
 
 class RunError(RuntimeError):
@@ -44,17 +47,25 @@ class RunError(RuntimeError):
 # ---- per sample ---------------------------------------------------------------------
 
 
-def quality_of(sample, text: str, task: str, family: str, execute_code: bool) -> dict[str, Any] | None:
-    """ROUGE F1 against the reference summary, or (opted in) whether the HumanEval tests pass."""
-    from experiments.data import check_completion, extract_code_block, rouge_per_sample, truncate_at_stop
+TASK_METRICS = {"summarization": "rouge", "code": "pass@1"}  # quality_of's metric where none is given
 
-    if task == "summarization" and sample.reference is not None:
-        return rouge_per_sample([text], [sample.reference])[0]
-    if task == "code" and execute_code:
-        completion = extract_code_block(text) if family == "chat" else truncate_at_stop(text)
-        result = check_completion(sample, completion, allow_code_execution=True)
-        return {"passed": float(result["passed"]), "result": result["result"]}
-    return None
+
+def quality_of(sample, text: str, task: str, family: str, execute_code: bool, setup=None) -> dict[str, Any] | None:
+    """The output's quality as `setup` (an `experiments.data.quality.QualitySetup`: the run's dataset.metric)
+    scores it; without one, by task: ROUGE F1 against the reference summary, or (with `execute_code`)
+    whether the HumanEval tests pass."""
+    from experiments.data.quality import QualitySetup
+
+    setup = setup or QualitySetup(TASK_METRICS.get(task), execute_code)
+    return setup.score(sample, text, family)
+
+
+def run_quality(run: RunConfig):
+    """The run's scoring (`experiments.data.quality.quality_setup` of its dataset section; the metric module is
+    loaded once per process)."""
+    from experiments.data.quality import quality_setup
+
+    return quality_setup(run.dataset, run.options.execute_code)
 
 
 def sample_record(index: int, sample, prompt_text: str, prompt_ids, truncated: bool, result, quality) -> dict:
@@ -116,37 +127,47 @@ def check_run_dir(run_dir: Path, config: Mapping[str, Any], resume: bool) -> Non
             raise RunError(f"cannot resume {run_dir}: it was run with different {', '.join(differing)}")
 
 
-def run_prompts(run: RunConfig) -> DatasetPrompts:
-    """The run's prompts, built once before anything starts, with the target's tokenizer (the stages'
-    shared vocabulary checked) and context length."""
-    from pipespec.models import check_shared_vocabulary, context_length
+def check_run_hierarchy(run: RunConfig) -> CheckedHierarchy:
+    """The run's hierarchy checked once (`pipespec.hierarchy.check_hierarchy`: a shared vocabulary, the
+    target's tokenizer, EOS ids and context length), for its prompts and its pipeline alike. The run's call
+    options, planned against these stages by `RunConfig.from_config`, are recorded as planned (not under
+    strategy auto, whose chosen configuration the pipeline plans)."""
+    from pipespec.hierarchy import check_hierarchy
 
-    return run.prompts(check_shared_vocabulary(run.stages), context_length(run.target.model))
+    checked = check_hierarchy(run.stages)
+    return checked if run.is_auto else checked.planned_with(run.call)
 
 
-def prepare(run: RunConfig) -> tuple[RunConfig, DatasetPrompts, Any]:
-    """(the run as it runs, its prompts, the auto choice or None): under strategy auto, at the configuration
-    the machine profile predicts fastest (`experiments.auto`)."""
-    prompts = run_prompts(run)
+def run_prompts(run: RunConfig, checked: CheckedHierarchy) -> DatasetPrompts:
+    """The run's prompts, built once before anything starts, with the target's tokenizer and context length."""
+    return run.prompts(checked.tokenizer, checked.context_length)
+
+
+def prepare(run: RunConfig) -> tuple[RunConfig, DatasetPrompts, Any, CheckedHierarchy]:
+    """(the run as it runs, its prompts, the auto choice or None, its hierarchy checked): under strategy auto,
+    at the configuration the machine profile predicts fastest (`experiments.auto`)."""
+    checked = check_run_hierarchy(run)
+    prompts = run_prompts(run, checked)
     if not run.is_auto:
-        return run, prompts, None
+        return run, prompts, None, checked
     from experiments.auto import choose_for_run
 
     choice = choose_for_run(run, prompts)
-    return run.chosen(choice), prompts, choice
+    return run.chosen(choice), prompts, choice, checked
 
 
-def make_pipeline(full: RunConfig, run: RunConfig, auto):
+def make_pipeline(full: RunConfig, run: RunConfig, auto, checked: CheckedHierarchy | None = None):
     """The run's pipeline: at auto's choice (`run`), or, when auto learns, every stage of the hierarchy
-    (`full`) with the choice as the first call's configuration (`experiments.auto.AutoPipeline`)."""
+    (`full`) with the choice as the first call's configuration (`experiments.auto.AutoPipeline`). `checked`:
+    the hierarchy's checks (`check_run_hierarchy`), which the pipeline then does not repeat."""
     from pipespec.api import Pipeline
 
     if auto is None or not full.learn:
-        return Pipeline(list(run.stages), **run.pipeline_options())
+        return Pipeline(list(run.stages), checked=checked, **run.pipeline_options())
     from experiments.auto import AutoPipeline
 
     options = {k: v for k, v in run.pipeline_options().items() if k not in ("strategy", "lookahead", "max_lead")}
-    return AutoPipeline(list(full.stages), choice=auto, learn=True, **options)
+    return AutoPipeline(list(full.stages), choice=auto, learn=True, checked=checked, **options)
 
 
 def run_sample(pipe, run: RunConfig, prompt: Prompt, task: str) -> tuple[dict, dict]:
@@ -157,7 +178,7 @@ def run_sample(pipe, run: RunConfig, prompt: Prompt, task: str) -> tuple[dict, d
     if len(sample_turns(prompt.sample)) > 1:
         return run_conversation(pipe, run, prompt)
     result = pipe.generate(prompt.ids, run.budget, seed=run.call.seed + prompt.index)
-    quality = quality_of(prompt.sample, result.text, task, run.family, run.options.execute_code)
+    quality = quality_of(prompt.sample, result.text, task, run.family, run.options.execute_code, run_quality(run))
     text = render_prompt_text(prompt.sample.source, run.dataset["prompt"], pipe.tokenizer, run.family)
     record = sample_record(prompt.index, prompt.sample, text, prompt.ids, prompt.truncated, result, quality)
     record.update(record_fields(prompt.sample))
@@ -219,8 +240,8 @@ def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
     progress = run.options.progress if progress is None else progress
     started_server = warm_stage_server()  # the stage processes' imports run while the prompts are prepared
     try:  # every check (options, vocabularies, prompt lengths) runs before anything is written
-        full, (run, prompts, auto) = run, prepare(run)
-        pipe = make_pipeline(full, run, auto)
+        full, (run, prompts, auto, checked) = run, prepare(run)
+        pipe = make_pipeline(full, run, auto, checked)
         store = open_store(run_dir, run.raw, run.options.resume)
     except BaseException:
         if started_server:

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Callable
 
-from pipespec.drafters.tree import DraftTree
+from pipespec.tree import DraftTree
 
 RECOMPILE_LIMIT = 32  # graphs per compiled frame (dynamo's default 8); the warm-up check catches runaways
 WARM_UP_SWEEPS = 3  # at most; still compiling new graphs after these is a failure

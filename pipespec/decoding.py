@@ -4,7 +4,7 @@
 its pending committed tokens plus the offered drafts, the shared verify rule
 (`pipespec.verify.VerifyRule`), and a cache crop back to exactly the tokens
 that stay committed. A plain decode step is a `model_step` with no drafts. `tree_step` is the same
-over a model-free drafter's token tree (`pipespec.drafters.tree`): one pass over the pending tokens and
+over a model-free drafter's token tree (`pipespec.tree`): one pass over the pending tokens and
 every node, the tree rule, and a cache that keeps exactly the accepted path.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from pipespec.drafters.tree import DraftTree
+from pipespec.tree import DraftTree
 from pipespec.models import CausalLMRunner
 from pipespec.verify import TokenDist, VerifyRule
 

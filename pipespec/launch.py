@@ -7,11 +7,11 @@ Three launches (`Pipeline(..., launch=...)`; None picks "torchrun" under torchru
   is the driver, rank i (1..k) serves stage i - 1 in place of the program, and exits when the
   driver shuts it down. torchrun's agent already holds MASTER_PORT and serves a TCPStore there
   (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it as a client.
-- "external": another launcher (srun, a job script) starts `python -m pipespec.stage` on ranks
+- "external": another launcher (srun, a job script) starts `python -m pipespec.worker` on ranks
   1..k; the driver serves the store at the address it is given.
 
-Pure Python and no torch: the stores are made in `pipespec.transport`, and a stage rank is
-served by `pipespec.stage.serve_stage_rank`.
+Pure Python and no torch: the stores are made in `pipespec.transport`, the driver's side is
+`pipespec.driver`, and a stage rank is served by `pipespec.worker.serve_stage_rank`.
 """
 
 from __future__ import annotations

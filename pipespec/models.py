@@ -305,7 +305,7 @@ class CausalLMRunner:
 
     def forward_tree(self, sequence: Sequence[int], tree):
         """Logits after the last committed token and after each node of the token `tree`
-        (`pipespec.drafters.tree.DraftTree`, rooted after `sequence`): len(tree) + 1 rows.
+        (`pipespec.tree.DraftTree`, rooted after `sequence`): len(tree) + 1 rows.
 
         Feeds `sequence[cache_length:]` at their positions and every node at position len(sequence) +
         its depth - 1, under a mask where each node sees the committed prefix and its own ancestors only

@@ -124,7 +124,7 @@ class Drafts:
     more_coming: bool
     commits_seen: int
     dists: tuple | None = None
-    tree: tuple | None = None  # (root, pipespec.drafters.tree.DraftTree), or None
+    tree: tuple | None = None  # (root, pipespec.tree.DraftTree), or None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""One stage process: its model, its buffer, and the loop every strategy runs.
+"""The loop every strategy runs: one stage's buffer and decisions during one generate call.
 
 Ranks: 0 is the driver (the user's process), stage i is rank i + 1; stage i
 talks to stage i - 1 (upstream, its drafter) and stage i + 1 (downstream, its
@@ -10,9 +10,10 @@ more is coming, how many commits it has taken in, its distributions), `Commit`
 upstream (the verifier's whole buffer: the drafter adopts it, a rollback where
 they differ, a catch-up where the verifier is ahead, and forwards it upstream),
 `Done` from the target to every active stage, and `Trace`, `Result` and `Failed`
-to the driver. What a stage does next is `pipespec.schedule.next_action`; the drafts it is
-offered and how it follows a commit are `pipespec.buffers` (the simulator, `analysis.simulate`,
-decides with the same functions).
+to the driver (sent by the stage process around the loop, `pipespec.worker`).
+What a stage does next is `pipespec.schedule.next_action`; the drafts it is
+offered and how it follows a commit are `pipespec.buffers` (the simulator,
+`analysis.simulate`, decides with the same functions).
 
 Distributions (`pipespec.verify` says what they are and what one costs) are
 sent once each, not with every buffer: `dists` is (floor, offset, list) and
@@ -32,7 +33,7 @@ before: to see position j again its buffer must have been rolled back to a
 prefix that differs from the one it checked j after.
 
 Token trees. A model-free drafter with `tree_nodes` > 0 proposes a tree (`propose_tree`,
-`pipespec.drafters.tree`) and appends its most likely path to its buffer, so the buffer, the lead and
+`pipespec.tree`) and appends its most likely path to its buffer, so the buffer, the lead and
 the schedule stay what they are for a chain. Beside the buffer it holds the tree, rooted where the
 tree's first proposal started (a later proposal from the path's end is grafted below it), and sends its
 `tree_nodes` most likely nodes with every "drafts" message. A commit that the drafter's buffer extends
@@ -50,21 +51,16 @@ import math
 import os
 import sys
 import time
-import traceback
 from typing import Any, Sequence
 
 from pipespec import buffers, schedule
 from pipespec.decoding import final_output, model_step, tree_step
-from pipespec.drafters import DraftTree, build_drafter, common_prefix
-from pipespec.gpu import stage_sampler
-from pipespec.specs import StageSpec, trees_fed
-from pipespec.protocol import (
-    Commit, Done, Drafts, Failed, Generate, Job, LinkBroken, Ready, Result, Shutdown, Trace, REQUEST_MESSAGES,
-)  # fmt: skip
+from pipespec.drafters import common_prefix
+from pipespec.protocol import Commit, Done, Drafts, Job
 from pipespec.trace import StageTrace
+from pipespec.tree import DraftTree
 from pipespec.verify import TokenDist, VerifyRule, encode_dist, point_mass
 
-POLL_S = 0.5  # how often a waiting stage checks that its driver is still alive
 DEBUG = bool(os.environ.get("PIPESPEC_DEBUG"))  # log every message and step to stderr
 
 
@@ -76,36 +72,12 @@ class StageFailure(RuntimeError):
         self.kind, self.waited_for = kind, waited_for
 
 
-class StageEngine:
-    """What a stage computes with: a causal LM runner, or a model-free drafter (pipespec.drafters)."""
-
-    def __init__(self, spec: StageSpec, tree_nodes_fed: int = 0):
-        self.spec = spec
-        self.lookup = build_drafter(spec)  # a model-free drafter (pipespec.drafters), or None
-        self.runner, self.warm_up_s = None, 0.0  # a compiled stage's warm-up: building or loading it, first calls
-        if self.lookup is None:
-            from pipespec.exported import stage_runner
-
-            self.runner, self.warm_up_s = stage_runner(spec, tree_nodes_fed)
-        self.tree_nodes = spec.tree_nodes if self.lookup is not None else 0  # > 0: proposes token trees
-        self.gpu = stage_sampler(spec.devices) if self.runner is not None else None  # NVML samples; None on CPU
-        self.history = schedule.VerifyHistory()  # its t(n) and its drafter's acceptance, across requests
-        self.kept = schedule.VerifyHistory()  # a drafter: how many of its drafts the next stage kept, by position
-        self.seconds_per_token = 0.0  # a drafter: the pace of the next stage's commits (the last request's)
-
-    def start(self) -> None:
-        if self.runner is not None:
-            self.runner.start()
-
-    def truncate(self, valid_tokens: int) -> None:
-        if self.runner is not None:
-            self.runner.truncate(valid_tokens)
-
-
 class StageRequest:
-    """The state of one stage during one generate call, and its loop."""
+    """The state of one stage during one generate call, and its loop (`run`). `engine` is what the stage
+    computes with (`pipespec.worker.StageEngine`): `runner` (a model) or `lookup` (a model-free drafter),
+    and its measurements across requests (`history`, `kept`, `seconds_per_token`)."""
 
-    def __init__(self, index: int, job: Job, engine: StageEngine, transport, stage_names: Sequence[str]):
+    def __init__(self, index: int, job: Job, engine, transport, stage_names: Sequence[str]):
         self.index = index
         self.job = job
         self.role = job.roles[index]
@@ -141,6 +113,102 @@ class StageRequest:
         self.done = False
         self.fault_fired = False
         self.trace = StageTrace(index, self.name)
+
+    # ---- loop -------------------------------------------------------------
+    def run(self, receive) -> list[int] | None:
+        """Run until done; return the final output if this is the target."""
+        self.engine.start()
+        self.trace.start_time = time.perf_counter()
+        steps = 0
+        while True:
+            while (message := receive(0.0)) is not None:
+                self.handle(message)
+            self.maybe_inject_fault(None)  # an "at_token" fault can fire on adopted tokens too
+            if self.done:
+                break
+            kind, payload = self.next_action()
+            if kind == schedule.FINISH:
+                break
+            if kind in (schedule.IDLE, schedule.WAIT):
+                self.wait(kind, receive)
+                continue
+            self.step(kind, payload)
+            steps += 1
+            self.maybe_inject_fault(steps)
+            if not self.target_keeps_waiting():
+                self.publish(more_coming=True)
+            if schedule.commits_after_step(self.role, kind):
+                self.commit_upstream()
+        self.trace.end_time = time.perf_counter()
+        if self.role.is_target:
+            return final_output(self.out, self.job.max_new_tokens, self.job.eos_ids)
+        return None
+
+    def wait(self, kind: str, receive) -> None:
+        """IDLE or WAIT: publish the buffer (more coming when waiting for drafts), then take the next message;
+        silence past `stall_timeout_s` is a stall naming the neighbour waited for."""
+        self.log("wait", kind)
+        self.publish(more_coming=kind == schedule.WAIT)
+        message = receive(self.job.stall_timeout_s)
+        if message is None:
+            neighbour = self.upstream_index if kind == schedule.WAIT else self.downstream_index  # drafts, or a commit
+            raise StageFailure(
+                f"stage {self.name} waited {self.job.stall_timeout_s:.0f} s for stage "
+                f"{self.job.stage_names[neighbour]}: it stopped responding",
+                "stalled",
+                waited_for=neighbour,
+            )
+        self.handle(message)
+
+    def next_action(self) -> tuple[str, Any]:
+        """(schedule.STEP | PROPOSE | TAKE, payload) to act, (FINISH, None), or (IDLE | WAIT, None) to wait."""
+        drafts, dists = self.available_drafts() if self.role.has_upstream else ([], None)
+        action = schedule.next_action(self.role, self.view(len(drafts)))
+        if action.kind == schedule.PROPOSE:  # a list of tokens, or a tree (its most likely path joins the buffer)
+            proposal = self.proposal(action.n)
+            return (schedule.PROPOSE, proposal) if len(proposal) else (schedule.IDLE, None)
+        if action.kind == schedule.STEP and drafts and (tree := self.tree_to_verify()) is not None:
+            return action.kind, (tree, None)  # the drafter's token tree instead of the chain
+        if action.kind in (schedule.STEP, schedule.TAKE):  # a sizing verifier may check only the first action.n
+            return action.kind, (drafts[: action.n], dists[: action.n] if dists is not None else None)
+        return action.kind, None
+
+    def step(self, kind: str, payload) -> None:
+        """Act: append a model-free proposal (PROPOSE), pass the drafts on unverified (TAKE, the cascade), or
+        run a model step over them (STEP)."""
+        self.log("step", kind, payload if kind == schedule.PROPOSE else payload[0], "out", self.out)
+        started = time.perf_counter()
+        if kind == schedule.PROPOSE:
+            tokens = self.proposed_tokens(payload)
+            self.extend(tokens, self.point_masses(tokens))  # a deterministic proposal
+            self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(tokens))
+        elif kind == schedule.TAKE:  # a cascade passes its model-free drafter's proposal on: no forward pass
+            drafts, draft_dists = payload
+            self.extend(drafts, draft_dists)
+            self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(drafts))
+        else:
+            self.verify(*payload, started)
+
+    def verify(self, drafts: list[int] | DraftTree, draft_dists, started: float) -> None:
+        """One model step over the drafts (a chain, or a token tree: `verify_tree`): append the drafts it keeps
+        and its own token, and record the step."""
+        sequence = self.job.prompt_ids + self.out
+        if isinstance(drafts, DraftTree):
+            step, kept, offered = self.verify_tree(sequence, drafts)
+        else:
+            step = model_step(self.engine.runner, sequence, drafts, draft_dists, self.rule, **self.step_options())
+            kept, offered = drafts[: step.accepted], len(drafts)
+        self.extend(kept + [step.token], step.probs, step.confidence)
+        self.margins.extend(step.margins or [])
+        self.engine.history.record_step(step.fed, time.perf_counter() - started)
+        if offered:
+            self.engine.history.record_verification(offered, step.accepted)
+        step_kind = "verify" if offered else ("single" if self.role.has_upstream or self.role.is_target else "draft")
+        self.trace.record(started, time.perf_counter(), step_kind, step.fed, offered, step.accepted, step.accepted + 1)
+
+    def step_options(self) -> dict:
+        """What a model step returns beside its tokens: its own confidence (draft_confidence), margins (target)."""
+        return {"with_confidence": self.role.stop_below > 0, "with_margins": self.role.is_target}
 
     # ---- messages -------------------------------------------------------
     def log(self, *parts) -> None:
@@ -198,33 +266,7 @@ class StageRequest:
             self.replace_tail(change.replace_from, verifier_buffer)
         self.engine.truncate(len(self.job.prompt_ids) + common)
         self.downstream_committed = len(verifier_buffer)
-        for i in range(self.dists_pruned, min(self.downstream_committed, len(self.dists))):
-            self.dists[i] = None  # never offered again (see the module docstring): free the memory
-        self.dists_pruned = max(self.dists_pruned, self.downstream_committed)
-
-    def follow_tree(self, verifier_buffer: list[int], common: int) -> None:
-        """Keep this drafter's token tree for the buffer it holds after a commit: where its buffer extends
-        the commit, the tree rooted at the commit's end (its subtree there) once the commit passes the
-        root; where the commit rolls it back or is ahead of it, no tree."""
-        if self.tree is None:
-            return
-        root, tree = self.tree
-        if common < len(verifier_buffer):
-            self.tree = None
-        elif len(verifier_buffer) > root:
-            below = tree.subtree(verifier_buffer[root:])
-            self.tree = (len(verifier_buffer), below) if below else None
-
-    def grow_tree(self, tree: DraftTree) -> None:
-        """A tree proposed after the buffer's end: grafted below the leaf of the tree's most likely path
-        where the buffer ends there, else the tree, rooted at the buffer's end."""
-        if self.tree is not None:
-            root, held = self.tree
-            path = held.best_path()
-            if path and root + len(path) == len(self.out):
-                self.tree = (root, held.graft(path[-1], tree))
-                return
-        self.tree = (len(self.out), tree)
+        self.drop_dists_below(self.downstream_committed)
 
     def replace_tail(self, common: int, verifier_buffer: list[int]) -> None:
         """Take the verifier's tokens from `common` on; it needs no distribution for its own tokens."""
@@ -234,20 +276,11 @@ class StageRequest:
         self.dists_unsent_from = min(self.dists_unsent_from, common)
         self.dists_pruned = min(self.dists_pruned, common)  # own tokens drafted from here on are new
 
-    def take_dists(self, floor: int, offset: int, dists: list) -> None:
-        """Mirror the drafter's distributions: keep [floor, offset), replace the rest by `dists`."""
-        kept = {i: d for i, d in self.upstream_dists.items() if floor <= i < offset}
-        kept.update((offset + j, d) for j, d in enumerate(dists) if d is not None)
-        self.upstream_dists = kept
-
     def extend(self, tokens: list[int], probs, confidence: list[float] | None = None) -> None:
-        """Append own tokens; keep the distribution each follows when a verifier downstream needs it."""
+        """Append own tokens (`probs`: the distribution each follows, None where none is kept)."""
         self.out.extend(tokens)
         self.confidence.extend(confidence or [1.0] * len(tokens))
-        if probs is None or self.downstream_rank is None:
-            self.dists.extend([None] * len(tokens))
-        else:
-            self.dists.extend(p if isinstance(p, TokenDist) else encode_dist(p) for p in probs)
+        self.keep_dists(tokens, probs)
 
     def commit_upstream(self) -> None:
         self.commits_sent += 1
@@ -255,18 +288,16 @@ class StageRequest:
         self.transport.send(self.upstream_rank, Commit(self.job.request, list(self.out)))
 
     def publish(self, more_coming: bool) -> None:
+        """Send the buffer downstream (`Drafts`) when it, "more coming" or the commits taken in changed since
+        the last message: with the distributions not yet sent and the token tree, where there are."""
         if self.downstream_rank is None:
             return
-        tree = None if self.tree is None else (self.tree[0], self.tree[1].pruned(max_nodes=self.engine.tree_nodes))
+        tree = self.published_tree()
         state = (tuple(self.out), more_coming, self.commits_received, tree)
         if state != self.last_published:
             self.last_published = state
-            dists = None
-            if self.rule.uses_dists:
-                offset = max(self.dists_unsent_from, self.downstream_committed)
-                dists = (self.downstream_committed, offset, self.dists[offset:])
-                self.dists_unsent_from = len(self.out)
-            message = Drafts(self.job.request, list(self.out), more_coming, self.commits_received, dists, tree)
+            message = Drafts(self.job.request, list(self.out), more_coming, self.commits_received,
+                             self.dists_to_send(), tree)  # fmt: skip
             self.transport.send(self.downstream_rank, message)
 
     def target_keeps_waiting(self) -> bool:
@@ -278,7 +309,7 @@ class StageRequest:
         lead = generated - self.downstream_committed
         return schedule.target_keeps_waiting(target, generated, lead, self.job.max_new_tokens)
 
-    # ---- scheduling -------------------------------------------------------
+    # ---- what the schedule decides with -------------------------------------
     def lead_confidence(self) -> float:
         """This stage's own probability that every token beyond the next stage's last commit survives."""
         return math.prod(self.confidence[self.downstream_committed :])
@@ -293,37 +324,6 @@ class StageRequest:
         limit = None if dists is None else len(dists)
         drafts = buffers.offered_drafts(n, upstream, extends, job.max_new_tokens, job.eos_ids, limit)
         return drafts, dists[: len(drafts)] if dists is not None else None
-
-    def available_tree(self) -> DraftTree | None:
-        """The drafter's token tree when it is rooted exactly at this stage's buffer's end and the drafter's
-        buffer is this stage's up to there; cut at room - 1 tokens deep and below an EOS (as
-        `buffers.offered_drafts` cuts a chain). None: verify the chain."""
-        if self.upstream_tree is None:
-            return None
-        root, tree = self.upstream_tree
-        n = len(self.out)
-        if root != n or self.upstream_buffer[:n] != self.out:
-            return None
-        tree = tree.pruned(max_depth=max(self.job.max_new_tokens - n - 1, 0), stop_tokens=self.job.eos_ids)
-        return tree if len(tree) else None
-
-    def sized_tree(self, tree: DraftTree) -> DraftTree | None:
-        """A sizing verifier checks the tree's `schedule.tree_size` most likely nodes (None: a one-token
-        step) once it has measured its t(n); otherwise the whole tree."""
-        costs = self.engine.history.step_costs() if self.role.size_verification else ()
-        if not costs:
-            return tree
-        n = schedule.tree_size(tree.probs, costs)
-        return tree.pruned(max_nodes=n) if n else None
-
-    def upstream_dists_from(self, position: int) -> list[TokenDist]:
-        """The drafter's distributions from `position` on, up to its first token without one."""
-        dists = []
-        for p in range(position, len(self.upstream_buffer)):
-            if p not in self.upstream_dists:
-                break  # not the drafter's own token: one it adopted from an earlier commit of ours
-            dists.append(self.upstream_dists[p])
-        return dists
 
     def view(self, drafts: int) -> schedule.StageView:
         """What this stage knows when it picks its next action (`schedule.stage_view`), offered `drafts`."""
@@ -361,20 +361,7 @@ class StageRequest:
         history = self.engine.history
         return {"step_costs": history.step_costs(), "acceptance": history.acceptance()}
 
-    def next_action(self) -> tuple[str, Any]:
-        """(schedule.STEP | PROPOSE, payload) to act, (FINISH, None), or (IDLE | WAIT, None) to wait."""
-        drafts, dists = self.available_drafts() if self.role.has_upstream else ([], None)
-        action = schedule.next_action(self.role, self.view(len(drafts)))
-        if action.kind == schedule.PROPOSE:  # a list of tokens, or a tree (its most likely path joins the buffer)
-            proposal = self.proposal(action.n)
-            return (schedule.PROPOSE, proposal) if len(proposal) else (schedule.IDLE, None)
-        if action.kind == schedule.STEP and drafts and (tree := self.available_tree()) is not None:
-            tree = self.sized_tree(tree)  # the tree instead of the chain (None: a one-token step)
-            return action.kind, (tree if tree is not None else [], None)
-        if action.kind in (schedule.STEP, schedule.TAKE):  # a sizing verifier may check only the first action.n
-            return action.kind, (drafts[: action.n], dists[: action.n] if dists is not None else None)
-        return action.kind, None
-
+    # ---- token trees (the module docstring) -----------------------------------
     def proposal(self, limit: int) -> list[int] | DraftTree:
         """A model-free drafter's next tokens (at most `limit` deep): a chain, or a tree (`tree_nodes` > 0)."""
         sequence, lookup = self.job.prompt_ids + self.out, self.engine.lookup
@@ -382,288 +369,127 @@ class StageRequest:
             return lookup.propose(sequence, limit)
         return lookup.propose_tree(sequence, self.engine.tree_nodes, limit)
 
-    def step(self, kind: str, payload) -> None:
-        self.log("step", kind, payload if kind == schedule.PROPOSE else payload[0], "out", self.out)
-        started = time.perf_counter()
-        if kind == schedule.PROPOSE:
-            proposal = payload
-            if isinstance(payload, DraftTree):
-                self.grow_tree(payload)
-                proposal = payload.path_tokens(payload.best_path())
-            # a deterministic proposal: each token's distribution is a point mass on it
-            self.extend(proposal, [point_mass(t) for t in proposal] if self.rule.uses_dists else None)
-            self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(proposal))
+    def proposed_tokens(self, proposal: list[int] | DraftTree) -> list[int]:
+        """The tokens a proposal appends to the buffer: a tree's most likely path (the tree is kept beside)."""
+        if not isinstance(proposal, DraftTree):
+            return proposal
+        self.grow_tree(proposal)
+        return proposal.path_tokens(proposal.best_path())
+
+    def grow_tree(self, tree: DraftTree) -> None:
+        """A tree proposed after the buffer's end: grafted below the leaf of the tree's most likely path
+        where the buffer ends there, else the tree, rooted at the buffer's end."""
+        if self.tree is not None:
+            root, held = self.tree
+            path = held.best_path()
+            if path and root + len(path) == len(self.out):
+                self.tree = (root, held.graft(path[-1], tree))
+                return
+        self.tree = (len(self.out), tree)
+
+    def follow_tree(self, verifier_buffer: list[int], common: int) -> None:
+        """Keep this drafter's token tree for the buffer it holds after a commit: where its buffer extends
+        the commit, the tree rooted at the commit's end (its subtree there) once the commit passes the
+        root; where the commit rolls it back or is ahead of it, no tree."""
+        if self.tree is None:
             return
-        drafts, draft_dists = payload  # a chain, or a token tree
-        if kind == schedule.TAKE:  # a cascade passes its model-free drafter's proposal on: no forward pass
-            self.extend(drafts, draft_dists)
-            self.trace.record(started, time.perf_counter(), "draft", 0, 0, 0, len(drafts))
-            return
-        sequence, options = self.job.prompt_ids + self.out, self.step_options()
-        if isinstance(drafts, DraftTree):
-            step = tree_step(self.engine.runner, sequence, drafts, self.rule, **options)
-            kept, offered = step.kept, drafts.depth
+        root, tree = self.tree
+        if common < len(verifier_buffer):
+            self.tree = None
+        elif len(verifier_buffer) > root:
+            below = tree.subtree(verifier_buffer[root:])
+            self.tree = (len(verifier_buffer), below) if below else None
+
+    def published_tree(self) -> tuple[int, DraftTree] | None:
+        """(root, its `tree_nodes` most likely nodes) of this drafter's tree, as a "drafts" message carries it."""
+        if self.tree is None:
+            return None
+        return self.tree[0], self.tree[1].pruned(max_nodes=self.engine.tree_nodes)
+
+    def tree_to_verify(self) -> DraftTree | list | None:
+        """The drafter's token tree to verify instead of the chain (`available_tree`, sized by `sized_tree`;
+        [] where sizing leaves a one-token step), or None: verify the chain."""
+        tree = self.available_tree()
+        if tree is None:
+            return None
+        sized = self.sized_tree(tree)
+        return sized if sized is not None else []
+
+    def available_tree(self) -> DraftTree | None:
+        """The drafter's token tree when it is rooted exactly at this stage's buffer's end and the drafter's
+        buffer is this stage's up to there; cut at room - 1 tokens deep and below an EOS (as
+        `buffers.offered_drafts` cuts a chain). None: verify the chain."""
+        if self.upstream_tree is None:
+            return None
+        root, tree = self.upstream_tree
+        n = len(self.out)
+        if root != n or self.upstream_buffer[:n] != self.out:
+            return None
+        tree = tree.pruned(max_depth=max(self.job.max_new_tokens - n - 1, 0), stop_tokens=self.job.eos_ids)
+        return tree if len(tree) else None
+
+    def sized_tree(self, tree: DraftTree) -> DraftTree | None:
+        """A sizing verifier checks the tree's `schedule.tree_size` most likely nodes (None: a one-token
+        step) once it has measured its t(n); otherwise the whole tree."""
+        costs = self.engine.history.step_costs() if self.role.size_verification else ()
+        if not costs:
+            return tree
+        n = schedule.tree_size(tree.probs, costs)
+        return tree.pruned(max_nodes=n) if n else None
+
+    def verify_tree(self, sequence: list[int], tree: DraftTree):
+        """A model step over a token tree (`decoding.tree_step`): (the step, the accepted branch's tokens, the
+        tree's depth, which the trace counts as offered)."""
+        step = tree_step(self.engine.runner, sequence, tree, self.rule, **self.step_options())
+        return step, step.kept, tree.depth
+
+    # ---- distributions (sampling; the module docstring) ------------------------
+    def point_masses(self, tokens: list[int]) -> list[TokenDist] | None:
+        """A deterministic proposal's distributions, where the rule needs them: a point mass on each token."""
+        return [point_mass(t) for t in tokens] if self.rule.uses_dists else None
+
+    def keep_dists(self, tokens: list[int], probs) -> None:
+        """Beside own tokens, the distribution each follows when a verifier downstream needs it."""
+        if probs is None or self.downstream_rank is None:
+            self.dists.extend([None] * len(tokens))
         else:
-            step = model_step(self.engine.runner, sequence, drafts, draft_dists, self.rule, **options)
-            kept, offered = drafts[: step.accepted], len(drafts)
-        self.extend(kept + [step.token], step.probs, step.confidence)
-        self.margins.extend(step.margins or [])
-        self.engine.history.record_step(step.fed, time.perf_counter() - started)
-        if offered:
-            self.engine.history.record_verification(offered, step.accepted)
-        step_kind = "verify" if offered else ("single" if self.role.has_upstream or self.role.is_target else "draft")
-        self.trace.record(started, time.perf_counter(), step_kind, step.fed, offered, step.accepted, step.accepted + 1)
+            self.dists.extend(p if isinstance(p, TokenDist) else encode_dist(p) for p in probs)
 
-    def step_options(self) -> dict:
-        """What a model step returns beside its tokens: its own confidence (draft_confidence), margins (target)."""
-        return {"with_confidence": self.role.stop_below > 0, "with_margins": self.role.is_target}
+    def drop_dists_below(self, committed: int) -> None:
+        """Forget the distributions below the verifier's commit: never offered again, free the memory."""
+        for i in range(self.dists_pruned, min(committed, len(self.dists))):
+            self.dists[i] = None
+        self.dists_pruned = max(self.dists_pruned, committed)
 
-    # ---- loop -------------------------------------------------------------
-    def run(self, receive) -> list[int] | None:
-        """Run until done; return the final output if this is the target."""
-        self.engine.start()
-        self.trace.start_time = time.perf_counter()
-        steps = 0
-        while True:
-            while (message := receive(0.0)) is not None:
-                self.handle(message)
-            self.maybe_inject_fault(None)  # an "at_token" fault can fire on adopted tokens too
-            if self.done:
-                break
-            kind, payload = self.next_action()
-            if kind == schedule.FINISH:
-                break
-            if kind in (schedule.IDLE, schedule.WAIT):
-                self.log("wait", kind)
-                self.publish(more_coming=kind == schedule.WAIT)
-                message = receive(self.job.stall_timeout_s)
-                if message is None:
-                    neighbour = self.upstream_index if kind == schedule.WAIT else self.downstream_index  # drafts, or a commit
-                    raise StageFailure(
-                        f"stage {self.name} waited {self.job.stall_timeout_s:.0f} s for stage "
-                        f"{self.job.stage_names[neighbour]}: it stopped responding",
-                        "stalled",
-                        waited_for=neighbour,
-                    )
-                self.handle(message)
-                continue
-            self.step(kind, payload)
-            steps += 1
-            self.maybe_inject_fault(steps)
-            if not self.target_keeps_waiting():
-                self.publish(more_coming=True)
-            if schedule.commits_after_step(self.role, kind):
-                self.commit_upstream()
-        self.trace.end_time = time.perf_counter()
-        if self.role.is_target:
-            return final_output(self.out, self.job.max_new_tokens, self.job.eos_ids)
-        return None
+    def dists_to_send(self) -> tuple | None:
+        """A "drafts" message's (floor, offset, list): the distributions changed since the last message (None
+        where the rule needs none)."""
+        if not self.rule.uses_dists:
+            return None
+        offset = max(self.dists_unsent_from, self.downstream_committed)
+        dists = (self.downstream_committed, offset, self.dists[offset:])
+        self.dists_unsent_from = len(self.out)
+        return dists
 
+    def take_dists(self, floor: int, offset: int, dists: list) -> None:
+        """Mirror the drafter's distributions: keep [floor, offset), replace the rest by `dists`."""
+        kept = {i: d for i, d in self.upstream_dists.items() if floor <= i < offset}
+        kept.update((offset + j, d) for j, d in enumerate(dists) if d is not None)
+        self.upstream_dists = kept
+
+    def upstream_dists_from(self, position: int) -> list[TokenDist]:
+        """The drafter's distributions from `position` on, up to its first token without one."""
+        dists = []
+        for p in range(position, len(self.upstream_buffer)):
+            if p not in self.upstream_dists:
+                break  # not the drafter's own token: one it adopted from an earlier commit of ours
+            dists.append(self.upstream_dists[p])
+        return dists
+
+    # ---- tests ----------------------------------------------------------------
     def maybe_inject_fault(self, steps: int | None) -> None:
         """Tests only: act on the job's FaultPlan (pipespec.faults) when it targets this stage now."""
         plan = self.job.faults
         if plan is not None and plan.fires(self.index, steps, len(self.out), self.fault_fired):
             self.fault_fired = True
             plan.act(self.index, steps, len(self.out))
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def stage_process_main(
-    index: int, spec: StageSpec, n_stages: int, host: str, port: int, timeout_s: float, start: int | None = None,
-    tree_nodes_fed: int = 0, environ: dict[str, str] | None = None,
-):
-    """Entry point of a stage process (started by `pipespec.api.Pipeline`, or a launcher's rank): joins
-    pipeline start `start` (None: the driver's latest) at the store served at HOST:PORT. `tree_nodes_fed`:
-    the nodes of the token trees its drafter proposes (`specs.trees_fed`), which a compiled stage warms up for.
-    `environ`: the driver's environment at the start, which a local stage takes as its own: it is forked
-    from a fork server that keeps the environment of its own start (PIPESPEC_CACHE, PIPESPEC_KERNELS and
-    HF_HUB_OFFLINE set by a script after its first pipeline would otherwise not reach the next one's stages)."""
-    if environ is not None:
-        os.environ.clear()
-        os.environ.update(environ)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
-
-    torch.set_num_threads(spec.threads)
-    from pipespec.transport import GlooTransport, client_store, join_start
-
-    rank = index + 1
-    peers = [r for r in range(n_stages + 1) if r != rank]  # neighbours, the driver, and the target's "done"
-    transport = None
-    exit_code = 0
-    try:
-        store = join_start(client_store(host, port, timeout_s), timeout_s, start)
-        transport = GlooTransport(rank, n_stages + 1, store, peers)
-        engine = StageEngine(spec, tree_nodes_fed)
-        transport.send(0, Ready(index, os.getpid(), engine.warm_up_s))
-        serve(index, n_stages, engine, Inbox(transport, os.getppid()))
-    except SystemExit:
-        pass
-    except BaseException as error:  # report, then exit: the stage's state is unknown
-        exit_code = 1
-        print(f"pipespec stage {index} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        if transport is not None:
-            kind, waited_for = getattr(error, "kind", "raised"), getattr(error, "waited_for", None)
-            try:
-                transport.send(0, Failed(index, kind, _describe(error), traceback.format_exc(), waited_for))
-            except Exception:
-                pass
-    finally:
-        if transport is not None:
-            transport.close(wait_s=0.0)  # os._exit follows: nothing to wait for
-        os._exit(exit_code)
-
-
-class Inbox:
-    """A stage's incoming messages: checks the driver is alive while waiting, keeps messages of a
-    request not started yet, and drops stale ones of earlier requests."""
-
-    def __init__(self, transport, parent_pid: int):
-        self.transport = transport
-        self.parent_pid = parent_pid
-        self.future: list = []  # messages of a request not started yet
-
-    def next(self, timeout: float):
-        """The next message, or None after `timeout`, checking every POLL_S that the driver is alive."""
-        deadline = time.monotonic() + timeout
-        while True:
-            item = self.transport.receive(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
-            if item is not None:
-                sender, message = item
-                if isinstance(message, LinkBroken):
-                    who = "the driver" if sender == 0 else f"stage {sender - 1}"
-                    peer = sender - 1 if sender > 0 else None
-                    raise StageFailure(f"lost the link to {who}: {message.text}", "lost_link", waited_for=peer)
-                return message
-            if os.getppid() != self.parent_pid:
-                raise SystemExit(0)  # the driver is gone: nothing to report to
-            if time.monotonic() >= deadline:
-                return None
-
-    def next_job(self) -> Job | None:
-        """Wait for the next Generate (None: shut down); messages for later requests are kept. A link to
-        another stage that breaks meanwhile is that stage shut down before this one (the driver tells them
-        in turn) or dead: the driver's next message says which, Shutdown or a Generate this stage cannot
-        serve (the lost link is then its failure). A lost link to the driver fails at once."""
-        lost = None
-        while True:
-            try:
-                message = self.next(float("inf"))
-            except StageFailure as failure:
-                if failure.waited_for is None:
-                    raise
-                lost = failure
-                continue
-            if isinstance(message, Shutdown):
-                return None
-            if isinstance(message, Generate):
-                if lost is not None:
-                    raise lost
-                self.future = [m for m in self.future if m.request >= message.job.request]
-                return message.job
-            self.future.append(message)
-
-    def for_request(self, request: int):
-        """receive(timeout) for one request's loop."""
-
-        def receive(timeout: float):
-            for i, message in enumerate(self.future):
-                if message.request == request:
-                    return self.future.pop(i)
-            deadline = time.monotonic() + timeout
-            while True:
-                message = self.next(max(deadline - time.monotonic(), 0.0))
-                if message is None:
-                    return None
-                if not isinstance(message, REQUEST_MESSAGES):
-                    name = type(message).__name__
-                    raise StageFailure(f"got {name} in the middle of request {request}", "raised")
-                if message.request == request:
-                    return message
-                if message.request > request:
-                    self.future.append(message)
-                # else: a stale message of an earlier request: dropped
-
-        return receive
-
-
-def serve(index: int, n_stages: int, engine: StageEngine, inbox: Inbox) -> None:
-    """Run requests until the driver says shut down."""
-    while (job := inbox.next_job()) is not None:
-        link = inbox.transport if job.faults is None else job.faults.wrap(inbox.transport, index)
-        if job.forget_outputs and engine.lookup is not None:
-            engine.lookup.forget_outputs()
-        request = StageRequest(index, job, engine, link, job.stage_names)
-        output = request.run(inbox.for_request(job.request))
-        request.log("finished", output)
-        if engine.gpu is not None:
-            request.trace.gpu = engine.gpu.window(request.trace.start_time, request.trace.end_time)
-        link.send(0, Trace(index, job.request, request.trace.to_dict()))
-        if output is not None:
-            for other in range(n_stages - 1):
-                if job.roles[other].active:
-                    link.send(other + 1, Done(job.request, output))
-            link.send(0, Result(index, job.request, output, margins=request.margins[: len(output)]))
-        request.log("reported")
-
-
-def serve_stage_rank(env: LaunchEnv, specs: list, timeout_s: float) -> None:
-    """Serve stage RANK - 1 of `specs` in this process, for the driver's latest pipeline start at
-    MASTER_ADDR:MASTER_PORT, and end the process when the driver shuts the stage down."""
-    import dataclasses
-
-    import torch
-
-    from pipespec.launch import rank_device
-
-    index = env.rank - 1
-    spec = specs[index]
-    spec = dataclasses.replace(spec, device=rank_device(spec.device, env.local_rank, torch.cuda.device_count()))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    stage_process_main(index, spec, len(specs), env.master_addr, env.master_port, timeout_s,
-                       tree_nodes_fed=trees_fed(specs, index))  # exits the process
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one stage rank started by an external launcher (srun, a job script, another machine).
-
-    Reads RANK (1..k; rank 0 is the driver: `Pipeline(..., launch="external", address=...)`),
-    WORLD_SIZE (k + 1), MASTER_ADDR and MASTER_PORT (the driver's address), LOCAL_RANK (for
-    `device: auto`), and the stage list as JSON: the same list given to the driver's Pipeline.
-    Under torchrun no separate stage program is needed: every rank runs the driver's program.
-    """
-    import argparse
-    import json
-
-    from pipespec.errors import ConfigError
-    from pipespec.launch import LaunchEnv
-
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("--stages", required=True, help="JSON file: the list of stages, smallest first")
-    parser.add_argument("--timeout-s", type=float, default=600.0)
-    args = parser.parse_args(argv)
-    try:
-        with open(args.stages) as f:
-            specs = [StageSpec.from_any(s) for s in json.load(f)]
-        env = LaunchEnv.from_environ()
-        env.check_world(len(specs))
-        if env.rank == 0:
-            raise ConfigError(
-                "RANK=0 is the driver, not a stage: under torchrun run the driver's program on every rank "
-                "(torchrun --nproc_per_node=k+1 -m experiments.run ..., or your script); pipespec.stage "
-                "serves ranks 1..k started by another launcher"
-            )
-    except (ConfigError, OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    serve_stage_rank(env, specs, args.timeout_s)  # does not return
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,7 @@ How drafts are kept (`VerifyRule.decide`):
   distributed exactly as p given the tokens before it, so the output follows
   the target's sampling distribution whatever the drafters are.
 - a token tree (`VerifyRule.decide_tree`; a model-free drafter's several continuations, each a point
-  mass, `pipespec.drafters.tree`): row 0 of the verifier's logits follows its pending tokens, row
+  mass, `pipespec.tree`): row 0 of the verifier's logits follows its pending tokens, row
   1 + j node j. From the root, the verifier's own token at the current row is its argmax (greedy) or a
   draw from p (sampling); if a child of the current node holds it, that child is accepted and the walk
   goes on from it, else the walk stops and that token is the own token. Greedy, this is exactly greedy
@@ -60,7 +60,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from pipespec.drafters.tree import DraftTree
+from pipespec.tree import DraftTree
 from pipespec.errors import ConfigError
 
 ACCEPTANCE_MODES = ("exact", "synthetic")

@@ -82,7 +82,7 @@ def _walk(runners, steps: int, seed: int = 0):
     part, token trees kept along a path, several requests); yield each call's logits from every runner."""
     import random
 
-    from pipespec.drafters.tree import DraftTree
+    from pipespec.tree import DraftTree
 
     rng = random.Random(seed)
     token = lambda: rng.randrange(256)  # noqa: E731

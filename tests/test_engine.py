@@ -318,7 +318,7 @@ def test_stages_started_by_an_external_launcher(by_name, prompts, reference, tmp
     env = {**os.environ, "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     launched = [
         subprocess.Popen(
-            [sys.executable, "-m", "pipespec.stage", "--stages", str(tmp_path / "stages.json")],
+            [sys.executable, "-m", "pipespec.worker", "--stages", str(tmp_path / "stages.json")],
             env={**env, "RANK": str(rank)},
         )
         for rank in (1, 2, 3)

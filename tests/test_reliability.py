@@ -173,7 +173,8 @@ def test_a_neighbour_shut_down_first_is_no_failure_and_a_lost_neighbour_fails_th
     Generate it can no longer serve fails with the lost link; a lost link to the driver fails at once."""
     from pipespec.protocol import Generate, Job, LinkBroken, Shutdown
     from pipespec.schedule import roles
-    from pipespec.stage import Inbox, StageFailure
+    from pipespec.stage import StageFailure
+    from pipespec.worker import Inbox
     from pipespec.verify import Acceptance, Sampling
 
     job = Job(1, [3, 4], 8, [], roles("pipespec", 2, 0, 8), 1.0, ["d", "t"], Sampling(), Acceptance())

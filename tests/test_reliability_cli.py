@@ -28,7 +28,7 @@ BAD_RUNS = {
     "unknown device": (["models.stages=[%s,{model:'tiny:target',device:tpu}]" % DRAFT],
                        "stage option 'device' must be 'cpu', 'cuda[:N]', 'auto'"),
     "device not present": (["models.stages=[%s,{model:'tiny:target',device:'cuda:99'}]" % DRAFT],
-                           "device 'cuda:99' is not present"),
+                           "name GPU(s) cuda:99 (stages on cpu, cuda:99) but this machine has"),
     "prompt longer than the context": (
         ["dataset.prompt.allow_truncation=false", "max_new_tokens=400"],
         "exceeds context_length=512 - max_new_tokens=400 and prompt.allow_truncation is false",

@@ -1,4 +1,4 @@
-"""Token-tree verification for model-free drafters (pipespec.drafters.tree): the drafters' trees, the
+"""Token-tree verification for model-free drafters (pipespec.tree): the drafters' trees, the
 model's one pass over a tree and its cache, the rule (greedy: identical to greedy decoding; sampling:
 the target's distribution), the loop in sd and pipespec, the options refused, and the simulator and
 predictor of tree configurations."""
@@ -12,7 +12,8 @@ import torch
 from analysis import predict as pr
 from analysis import profile as pf
 from analysis import simulate as sim
-from pipespec.drafters import DraftTree, PromptLookup, SuffixDrafter
+from pipespec.drafters import PromptLookup, SuffixDrafter
+from pipespec.tree import DraftTree
 from pipespec.errors import ConfigError
 from pipespec.faults import FaultPlan
 from pipespec.schedule import tree_size

@@ -1,7 +1,7 @@
 """Model-free drafters, one per file: prompt lookup (`prompt_lookup`) and a suffix index over
 earlier outputs (`suffix`). Both follow the interface in `base` that the stage loop
 (`pipespec.stage`) calls; `build_drafter` makes the one a stage spec names. Both also propose token
-trees (`tree`: several continuations verified in one pass).
+trees (`pipespec.tree`: several continuations verified in one pass).
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from __future__ import annotations
 from pipespec.drafters.base import Drafter, common_prefix
 from pipespec.drafters.prompt_lookup import PromptLookup
 from pipespec.drafters.suffix import SuffixDrafter, corpus_files, tokenize_corpus
-from pipespec.drafters.tree import DraftTree
 
-__all__ = ["DraftTree", "Drafter", "PromptLookup", "SuffixDrafter", "build_drafter", "common_prefix", "corpus_files",
-           "tokenize_corpus"]
+__all__ = ["Drafter", "PromptLookup", "SuffixDrafter", "build_drafter", "common_prefix", "corpus_files", "tokenize_corpus"]
 
 
 def build_drafter(spec) -> Drafter | None:

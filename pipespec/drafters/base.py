@@ -3,7 +3,7 @@
 - `propose(sequence, limit) -> list[int]`: the tokens the drafter guesses follow
   `sequence` (prompt + output so far), at most `limit` (and its own cap);
 - `propose_tree(sequence, max_nodes, max_depth=None) -> DraftTree`: several continuations at once, a
-  token tree of at most `max_nodes` nodes, at most `max_depth` deep (`pipespec.drafters.tree`), for a
+  token tree of at most `max_nodes` nodes, at most `max_depth` deep (`pipespec.tree`), for a
   stage with `tree_nodes` > 0;
 - `observe_output(prompt_ids, output_ids)`: a request ended with this final
   output of the target (the suffix drafter indexes it; prompt lookup ignores it);
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from pipespec.drafters.tree import DraftTree
+from pipespec.tree import DraftTree
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pipespec.drafters.tree import DraftTree
+from pipespec.tree import DraftTree
 
 MAX_MATCHES = 16  # a tree proposal merges the continuations of at most this many earlier matches (the latest)
 

@@ -11,7 +11,7 @@ occurrences still agreeing (ties: the most recent), and multiplies its
 confidence by that continuation's share. It stops at `limit`, when no
 occurrence continues, when the chosen continuation was seen fewer than
 `min_count` times, or once the confidence falls below `confidence`. `propose_tree` keeps every
-continuation instead: a token tree (`pipespec.drafters.tree`) grown best-first by each node's
+continuation instead: a token tree (`pipespec.tree`) grown best-first by each node's
 estimated probability, the product of the shares along its path, up to a node budget.
 
 The index holds three kinds of documents:
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipespec.drafters.base import common_prefix
-from pipespec.drafters.tree import ROOT as ROOT_NODE, DraftTree
+from pipespec.tree import ROOT as ROOT_NODE, DraftTree
 from pipespec.errors import ConfigError
 from pipespec.specs import check_suffix_options
 
