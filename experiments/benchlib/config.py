@@ -14,7 +14,9 @@ HF_SYSTEMS = ("hf_greedy", "hf_compiled", "hf_assisted", "hf_prompt_lookup")
 HF_GREEDY_SYSTEMS = ("hf_greedy", "hf_compiled")  # the headline ratios are against the faster of the two
 OUR_SYSTEMS = ("greedy", "sd", "pipespec_k2", "pipespec_k3", "auto")
 FIXED_SYSTEMS = ("greedy", "sd", "pipespec_k2", "pipespec_k3")  # what `auto` is compared with
-SYSTEMS = HF_SYSTEMS + OUR_SYSTEMS
+# llama.cpp (optional: `bash scripts/llamacpp.sh`; `benchlib.llamacpp`), left out with its reason where it cannot run
+LLAMACPP_SYSTEMS = ("llamacpp_greedy", "llamacpp_q4", "llamacpp_prompt_lookup")
+SYSTEMS = HF_SYSTEMS + OUR_SYSTEMS + LLAMACPP_SYSTEMS
 TARGET_KEYS = (
     "greedy_vs_hf_greedy",
     "sd_vs_hf_assisted",
@@ -77,6 +79,24 @@ def _thread_counts(value: Any, key: str) -> list[int]:
             isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):  # fmt: skip
         raise BenchConfigError(f"{key} must be an integer >= 1 or a non-empty list of them, got {value!r}")
     return list(dict.fromkeys(counts))
+
+
+def check_llamacpp(node: Mapping | None) -> dict[str, Any]:
+    """`llamacpp`: the llama.cpp systems' thread counts (the faster in the pre-pass), context size, KV cache type
+    and the HF logit margin under which a differing output counts as a near tie."""
+    out = {"threads": [1, 2], "n_ctx": 2048, "kv_type": "f32", "near_tie_logit": 0.05, **(node or {})}
+    unknown = sorted(set(out) - {"threads", "n_ctx", "kv_type", "near_tie_logit"})
+    if unknown:
+        raise BenchConfigError(f"unknown llamacpp setting(s) {unknown}; expected threads, n_ctx, kv_type, near_tie_logit")
+    out["threads"] = _thread_counts(out["threads"], "llamacpp.threads")
+    if isinstance(out["n_ctx"], bool) or not isinstance(out["n_ctx"], int) or out["n_ctx"] < 16:
+        raise BenchConfigError(f"llamacpp.n_ctx must be an integer >= 16, got {out['n_ctx']!r}")
+    if out["kv_type"] not in ("f32", "f16"):
+        raise BenchConfigError(f"llamacpp.kv_type must be f32 or f16, got {out['kv_type']!r}")
+    tie = out["near_tie_logit"]
+    if isinstance(tie, bool) or not isinstance(tie, (int, float)) or tie < 0:
+        raise BenchConfigError(f"llamacpp.near_tie_logit must be a number >= 0, got {tie!r}")
+    return out
 
 
 def _strategy(cfg: Mapping, key: str, lookahead: int | None = None, confidence: float | None = None) -> None:
@@ -216,6 +236,7 @@ def check_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("prompt_lookup_num_tokens", "max_matching_ngram_size"):
         _int(hf, key, 1, none_ok=True)
     cfg["hf"] = hf
+    cfg["llamacpp"] = check_llamacpp(cfg.get("llamacpp"))
     targets = dict(cfg.get("targets") or {})
     for node in [targets, *(cfg.get("targets_by_dataset") or {}).values()]:
         bad = [k for k in (node or {}) if k not in TARGET_KEYS]

@@ -11,6 +11,9 @@
 - `auto`: our pipeline of `auto.hierarchy` (k3 by default) at the configuration its machine
   profile predicts fastest (`experiments.auto`; greedy and subsets of the stages included);
   `auto.profile` null: the cached short profile of this machine, measured first if there is none
+- `llamacpp_greedy`, `llamacpp_q4`, `llamacpp_prompt_lookup`: llama.cpp in the driver process
+  (`experiments.benchlib.llamacpp`, optional), at the faster of `llamacpp.threads`; left out with the reason
+  (`skipped`, the report's notes) where llama-cpp-python is missing or the target has no GGUF
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from typing import Any, Callable, Mapping
 
 from pipespec.errors import ConfigError
 
-from experiments.benchlib.config import (HF_SYSTEMS, BenchConfigError, Hierarchy, is_pipespec, is_sd,
-                                         per_hierarchy, resolve_hierarchy, sd_candidates)  # fmt: skip
+from experiments.benchlib.config import (HF_SYSTEMS, LLAMACPP_SYSTEMS, BenchConfigError, Hierarchy, is_pipespec,
+                                         is_sd, per_hierarchy, resolve_hierarchy, sd_candidates)  # fmt: skip
 from experiments.benchlib.timer import prepass
 
 
@@ -79,7 +82,8 @@ class Setup:
 def resolve_setup(cfg: Mapping[str, Any]) -> Setup:
     wanted = cfg["systems"]
     k2 = resolve_hierarchy("k2", cfg["k2"])
-    uses_k3 = {"pipespec_k3", "hf_prompt_lookup"} & set(wanted) or ("auto" in wanted and cfg["auto"]["hierarchy"] == "k3")
+    uses_k3 = ({"pipespec_k3", "hf_prompt_lookup", "llamacpp_prompt_lookup"} & set(wanted)
+               or ("auto" in wanted and cfg["auto"]["hierarchy"] == "k3"))  # fmt: skip
     k3 = resolve_hierarchy("k3", cfg["k3"]) if uses_k3 else None
     if k3 is not None and not same_target(k3.stages[-1], k2.stages[-1]):
         raise BenchConfigError(f"k2 and k3 must end in the same target: {k2.stages[-1].label} vs {k3.stages[-1].label}")
@@ -121,6 +125,7 @@ class Systems:
         self.cfg, self.setup, self.wanted = cfg, setup, list(cfg["systems"])
         self.pipes: dict[str, Any] = {}
         self.hf = None
+        self.llama = None  # benchlib.llamacpp.LlamaCppSystems, when a llama.cpp system is wanted
         pipespec = cfg["pipespec"]
         self.pipespec = {"strategy": "pipespec", "lookahead": pipespec["lookahead"], "max_lead": pipespec["max_lead"],
                          "draft_confidence": pipespec["draft_confidence"],
@@ -141,6 +146,11 @@ class Systems:
                 kernels = cfg["hf"]["kernels"]  # HF generate as a user runs it: torch's, by default
                 self.hf = HFBaseline(*(None if s is None else replace(s, kernels=kernels) for s in (setup.target, draft)),
                                      cfg["hf"]["threads"][0], cfg["hf"]["static_cache_len"])  # fmt: skip
+            if set(LLAMACPP_SYSTEMS) & set(self.wanted):  # in this process; left out with the reason where it cannot
+                from experiments.benchlib.llamacpp import LlamaCppSystems
+
+                self.llama = LlamaCppSystems(cfg, setup.target, self.skipped, self.prompt_lookup_settings(),
+                                             lambda: self.hf.target if self.hf is not None else None)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -182,6 +192,8 @@ class Systems:
             pipe.close()
         if self.hf is not None:
             self.hf.close()
+        if self.llama is not None:
+            self.llama.close()
 
     # ---- the systems ------------------------------------------------------------------------
     def _driver(self) -> list[tuple[str, int]]:
@@ -256,7 +268,12 @@ class Systems:
         for name in self.wanted:
             if per_hierarchy(name) is not None:
                 builders[name] = lambda name=name: self._ours(name, name, per_hierarchy(name)[0])
-        return [builders[name]() for name in self.wanted]
+        for name in (self.llama.models if self.llama is not None else {}):
+            builders[name] = lambda name=name: self.llama.make(name, System)
+        systems = [builders[name]() for name in self.wanted if name not in self.skipped]
+        if self.llama is not None:  # their outputs against HF greedy's, per prompt (settings["vs_reference"])
+            self.llama.watch(systems, self.cfg["max_new_tokens"])
+        return systems
 
     # ---- pre-passes ---------------------------------------------------------------------------
     def choose_settings(self, systems: list[System], prompts: list[list[int]], max_new: int) -> dict[str, Any]:
@@ -292,9 +309,12 @@ class Systems:
         return out
 
     def thread_candidates(self, name: str) -> list[int]:
-        """The thread counts a system's pre-pass times: HF's `hf.threads`, our greedy's `greedy_threads`."""
+        """The thread counts a system's pre-pass times: HF's `hf.threads`, our greedy's `greedy_threads`,
+        llama.cpp's `llamacpp.threads`."""
         if name == "greedy":
             return self.greedy_thread_counts()
+        if name in LLAMACPP_SYSTEMS:
+            return list(self.cfg["llamacpp"]["threads"])
         return list(self.cfg["hf"]["threads"]) if name in HF_SYSTEMS else []
 
     def choose_threads(self, systems: list[System], prompts: list[list[int]], max_new: int, out: dict) -> None:
