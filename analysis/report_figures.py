@@ -55,15 +55,17 @@ def rho_forms(analyses: Sequence[SweepAnalysis], stem: Path) -> None:
     fig, ax = style.figure("one")
     for i, (form, label) in enumerate((("eq3", "paper, Eq. 3"), ("ours", "ours"),
                                        ("supply", "Eq. 3 + lead + position + supply"))):  # fmt: skip
-        xs = [r.rho for r in pairs if math.isfinite(r.held_out.get(form, math.nan))]
-        ys = [r.held_out[form] for r in pairs if math.isfinite(r.held_out.get(form, math.nan))]
-        ax.plot(xs, ys, style.MARKERS[i], color=style.PALETTE[i], label=label, alpha=0.8)
+        shown = [r for r in pairs if math.isfinite(r.held_out.get(form, math.nan))]
+        xs = [r.rho for r in shown]
+        xerr = style.yerr(xs, [r.rho_interval[0] for r in shown], [r.rho_interval[1] for r in shown])
+        ax.errorbar(xs, [r.held_out[form] for r in shown], xerr=xerr, fmt=style.MARKERS[i], color=style.PALETTE[i],
+                    label=label, alpha=0.8, **style.ERRORBAR)
     ax.plot([0, 1.02], [0, 1.02], color="#555555", linewidth=0.6)
     ax.set_xlabel("measured rho")
     ax.set_ylabel("predicted rho")
     ax.set_xlim(0, 1.05)
     ax.set_ylim(0, 1.05)
-    ax.legend(loc="upper left", fontsize=6)
+    ax.legend(loc="upper left")
     style.save(fig, stem)
 
 
@@ -71,7 +73,7 @@ def lead_distribution(analyses: Sequence[SweepAnalysis], stem: Path) -> None:
     fig, axes = _panels(analyses)
     for ax, a in zip(axes, analyses):
         rows = [r for r in a.pairs if r.configuration == LEAD_CONFIGURATION]
-        ax.set_title(_label(a), fontsize=7)
+        ax.set_title(_label(a))
         if not rows:
             continue
         row = rows[-1]  # the target's pair
@@ -81,7 +83,7 @@ def lead_distribution(analyses: Sequence[SweepAnalysis], stem: Path) -> None:
         ax.bar(leads, [counts[w] / total for w in leads], color=style.color("pipespec"), width=0.8)
         ax.axvline(row.max_lead or max(leads), color="#555555", linestyle="--", linewidth=0.8)
         ax.axvline(row.reading.gamma, color="#555555", linestyle=":", linewidth=0.8)
-        ax.set_xlabel(f"drafts offered ({pair_name(row)})", fontsize=7)
+        ax.set_xlabel(f"drafts offered ({pair_name(row)})")
         ax.set_ylabel("share of verifications" if ax is axes[0] or ax is axes[min(3, len(axes) - 1)] else "")
     style.save(fig, stem)
 
@@ -89,7 +91,7 @@ def lead_distribution(analyses: Sequence[SweepAnalysis], stem: Path) -> None:
 def acceptance_by_position(analyses: Sequence[SweepAnalysis], stem: Path, positions: int = 8) -> None:
     fig, axes = _panels(analyses)
     for ax, a in zip(axes, analyses):
-        ax.set_title(_label(a), fontsize=7)
+        ax.set_title(_label(a))
         pooled = pooled_pairs(a)
         if not pooled:
             continue
@@ -101,10 +103,10 @@ def acceptance_by_position(analyses: Sequence[SweepAnalysis], stem: Path, positi
             prof = profiled.profile_rates[:positions]
             ax.plot(range(1, len(prof) + 1), prof, "s--", color=style.PALETTE[2], label="profile")
         ax.axhline(reading.alpha, color="#555555", linestyle=":", linewidth=0.8, label="one rate")
-        ax.set_xlabel(f"draft position ({name})", fontsize=7)
+        ax.set_xlabel(f"draft position ({name})")
         ax.set_ylabel("acceptance" if ax is axes[0] or ax is axes[min(3, len(axes) - 1)] else "")
         ax.set_ylim(0, 1.05)
-    axes[0].legend(fontsize=6, loc="lower right")
+    axes[0].legend(loc="lower right")
     style.save(fig, stem)
 
 
@@ -128,11 +130,11 @@ def coverage(analyses: Sequence[SweepAnalysis], stem: Path) -> None:
         x += 1
     ax.axhline(1.0, color="#555555", linewidth=0.5)
     ax.set_xticks(ticks)
-    ax.set_xticklabels(labels, fontsize=6)
+    ax.set_xticklabels(labels)
     ax.set_ylabel("measured / ours (speedup)")
     for strategy in ("sd", "pipespec"):
         ax.plot([], [], "o", color=style.color(strategy), label=names.STRATEGY_NAMES[strategy])
-    ax.legend(fontsize=6, loc="upper right")
+    ax.legend(loc="upper right")
     style.save(fig, stem)
 
 
