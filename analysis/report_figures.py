@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -30,8 +31,9 @@ CAPTIONS = {
     "acceptance_by_position": "Acceptance of draft p given the drafts before it were kept, the target's pair: "
                               "the sweep's PipeSpec verifications (in sample), the profile's prompts (held "
                               "out), and the one constant rate (the sweep's MLE) the paper assumes.",
-    "coverage": "Held out: each measured speedup over ours, with ours' 95% prediction interval (bars); a point "
-                "outside its bar is a miss.",
+    "coverage": "Held out: each measured speedup over ours (markers, with the measurement's own 95% interval over "
+                "prompts) and ours' 95% prediction interval (grey bars around 1); a marker outside its grey bar is a "
+                "miss.",
 }
 
 
@@ -121,11 +123,14 @@ def coverage(analyses: Sequence[SweepAnalysis], stem: Path) -> None:
             ours = r.record.predicted_speedup
             low, high = (v / ours for v in r.prediction_interval)
             ax.errorbar([x], [1.0], yerr=[[1.0 - low], [high - 1.0]], fmt="none", color="#999999", **style.ERRORBAR)
-            ax.plot([x], [r.record.measured_speedup / ours], style.MARKERS[i % len(style.MARKERS)],
-                    color=style.color(r.record.strategy, i))
+            measured = r.record.measured_speedup / ours  # with its own 95% interval over prompts
+            low_m, high_m = (v / ours for v in r.record.sampling_interval)
+            spread = style.yerr([measured], [low_m], [high_m])
+            ax.errorbar([x], [measured], yerr=spread, fmt=style.MARKERS[i % len(style.MARKERS)],
+                        color=style.color(r.record.strategy, i), **style.ERRORBAR)
             x += 1
         ticks.append((start + x - 1) / 2)
-        labels.append(names.hierarchy_name(a.hierarchy).replace(" -> ", "->") + "\n"
+        labels.append(textwrap.fill(names.hierarchy_name(a.hierarchy), 15) + "\n"
                       + names.dataset_name(a.dataset).split(" (")[0])
         x += 1
     ax.axhline(1.0, color="#555555", linewidth=0.5)
