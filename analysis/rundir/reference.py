@@ -7,6 +7,7 @@ from it. docs/experiments.md.
 from __future__ import annotations
 
 import json
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -15,13 +16,19 @@ from analysis.rundir.store import (
     CONFIG, ResultsError, SUMMARY, _natural_key, atomic_write_json, is_run_dir, read_config, read_records,
     read_summary, summary_lock
 )
+from pipespec.specs import StageSpec
 from pipespec.stats import ratio
 
 
+# A stage option at its default is the same stage whether a config spells it out or not
+STAGE_DEFAULTS = {f.name: f.default for f in fields(StageSpec) if f.default is not MISSING}
+
+
 def target_key(config: Mapping[str, Any]) -> tuple:
-    """What makes two runs' outputs comparable: the target model, the dataset and the budget."""
-    target = dict(config["models"]["stages"][-1])
-    target.pop("name", None)
+    """What makes two runs' outputs comparable: the target model (options at their defaults left out), the
+    dataset and the budget."""
+    target = {k: v for k, v in config["models"]["stages"][-1].items()
+              if k != "name" and not (k in STAGE_DEFAULTS and v == STAGE_DEFAULTS[k])}  # fmt: skip
     dataset = config["dataset"]
     return (
         json.dumps(target, sort_keys=True),
