@@ -1,4 +1,4 @@
-"""Read a machine profile (`python -m experiments.profile`, `experiments.profiling`) without torch.
+"""Read a machine profile (`python -m experiments.profile`, `experiments.profiler`) without torch.
 
     python -m analysis.profile PROFILE.json      # what it holds, and whether it fits this machine
 
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from analysis.fit import CostFit, fit_step_cost
 
 FORMAT = "pipespec-profile"
-VERSION = 2  # acceptance sampled along the decoding walk (`experiments.profiling`); 1: at fixed strides
+VERSION = 2  # acceptance sampled along the decoding walk (`experiments.profiler`); 1: at fixed strides
 MODEL_FREE_KINDS = ("prompt_lookup", "suffix")
 IDENTITY_KEYS = ("kind", "model", "quantize", "dtype", "threads", "kernels", "vocab_limit", "compile")  # the same stage when these match
 # profiles written before the `kernels` stage option ran torch's kernels; before `vocab_limit`, whole heads (0);
@@ -71,13 +71,13 @@ class PairProfile:
     proposal_rate: float  # share of starts where the drafter proposed anything
     mean_proposal_length: float
     # per continuation, per position: how many drafts in a row the drafter got right from there
-    # (`experiments.profiling.model_runs` / `proposal_runs`); empty in profiles measured before 2026-12-02
+    # (`experiments.profiler_acceptance.model_runs` / `proposal_runs`); empty in profiles measured before 2026-12-02
     runs: tuple[tuple[int, ...], ...] = ()
     # the standard error of each position's rate from the prompt-to-prompt spread (`acceptance_standard_errors`);
     # None where fewer than two continuations reached the position, () without runs
     acceptance_se_by_position: tuple[float | None, ...] = ()
 
-    # a model-free drafter's token trees, one entry per tree size measured (`experiments.profiling.tree_runs`);
+    # a model-free drafter's token trees, one entry per tree size measured (`experiments.profiler_acceptance.tree_runs`);
     # empty in profiles measured without them
     tree_runs: tuple["TreeRuns", ...] = ()
     # a model-free drafter's proposals: per continuation, per position, how many drafts it proposed there
@@ -179,7 +179,7 @@ def _stage(data: Any, i: int) -> StageProfile:
 
 def context_slopes(data: Any, where: str) -> tuple[int, tuple[tuple[int, float], ...]]:
     """A stage's ``context_costs`` ({"tokens": [short, long], "sizes": [n...], "seconds": [[at short...], [at
-    long...]]}: t(n) at two contexts, measured side by side, `experiments.profiling.context_step_times`) as the
+    long...]]}: t(n) at two contexts, measured side by side, `experiments.profiler.context_step_times`) as the
     short context and, per size, the share of t(n) each token of context adds: (long / short - 1) / (long tokens
     - short tokens), a ratio of times measured in the same minutes. Absent: (0, ())."""
     if data is None:

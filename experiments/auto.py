@@ -12,7 +12,7 @@ The ranking is `analysis.predict.sweep` (greedy, sd windows, pipespec lookahead 
 subset of the stages that keeps the target; with a model-free first stage whose token trees the profile
 measured, every tree size too: the choice then sets that stage's `tree_nodes`).
 
-Without a profile, a short one (`experiments.profiling.SHORT_OPTIONS`, about a minute for SmolLM2) is
+Without a profile, a short one (`experiments.profiler.SHORT_OPTIONS`, about a minute for SmolLM2) is
 measured once on the first prompts of the run's dataset (the API: the prompts given, else the first
 HumanEval problems) and cached per machine, hierarchy and prompts under
 `pipespec.cache.cache_root() / "profiles"`: acceptance differs between datasets, so a news run never
@@ -25,15 +25,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipespec.api import Pipeline
+from pipespec.api import Pipeline, encode_prompt
 from pipespec.errors import ConfigError
 from pipespec.hierarchy import check_hierarchy
 from experiments.machine import stage_identity
 from pipespec.specs import StageSpec
+from analysis.learn import Observed, next_configuration
+from analysis.predict import sweep
+from analysis.profile import ProfileError, VERSION, load_profile, mismatches, this_machine
+from analysis.rundir import atomic_write_json
+from experiments.compose import load
+from experiments.data import prompts_for
+from experiments.profiler import (SHORT_OPTIONS, SHORT_PROMPTS, SHORT_PROMPTS_WITH_COSTS, measure_profile,
+                                  short_profile_prompts)
+from pipespec.cache import cache_root
 
 RUNNERS_UP = 4  # candidates recorded beside the choice
 PREDICT_TOKENS = 128  # the generation length the ranking simulates
@@ -65,8 +74,6 @@ class AutoChoice:
 
 def chosen_specs(specs: Sequence[StageSpec], stages: Sequence[int], tree_nodes: int = 0) -> tuple[StageSpec, ...]:
     """The stages at positions `stages` of `specs`, the first proposing token trees of `tree_nodes` (> 0)."""
-    from dataclasses import replace
-
     chosen = [specs[i] for i in stages]
     if tree_nodes:
         chosen[0] = replace(chosen[0], tree_nodes=tree_nodes)
@@ -83,9 +90,6 @@ def _candidate(prediction) -> dict[str, Any]:
 def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
                         hierarchy: str | None = None) -> AutoChoice:  # fmt: skip
     """The best predicted configuration for `specs` from the profile at `profile_path`."""
-    from analysis.predict import sweep
-    from analysis.profile import ProfileError, load_profile, mismatches
-
     try:
         profile = load_profile(profile_path)
     except ProfileError as error:
@@ -118,11 +122,6 @@ def choose_from_profile(profile_path: str | Path, specs: Sequence[StageSpec],
 
 
 def _profile_key(specs: Sequence[StageSpec], prompts: Sequence[tuple[str, list[int]]]) -> str:
-    from dataclasses import asdict
-
-    from analysis.profile import VERSION, this_machine
-    from experiments.profiling import SHORT_OPTIONS
-
     facts = {"machine": this_machine(), "stages": [stage_identity(s) for s in specs], "version": VERSION,
              "options": asdict(SHORT_OPTIONS), "prompts": [list(ids) for _, ids in prompts]}  # fmt: skip
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -136,16 +135,11 @@ def cached_profile_path(specs: Sequence[StageSpec], hierarchy: str, dataset: str
                         prompts: Sequence[tuple[str, list[int]]]) -> Path:  # fmt: skip
     """Where the short profile of this hierarchy on this machine (CPU, library versions, stages), measured on
     these prompts of `dataset` with `SHORT_OPTIONS`, is cached."""
-    from pipespec.cache import cache_root
-
     return cache_root() / "profiles" / f"{_safe(hierarchy)}-{_safe(dataset)}-{_profile_key(specs, prompts)}.json"
 
 
 def default_prompts(tokenizer, context_length: int | None, count: int) -> tuple[str, list[tuple[str, list[int]]]]:
     """The first `count` HumanEval problems as base-model prompts (when the caller has none)."""
-    from experiments.conf import load
-    from experiments.data import prompts_for
-
     found = prompts_for(load("dataset", "humaneval"), tokenizer, "base", context_length, PREDICT_TOKENS, count=count)
     return found.name, found.pairs()
 
@@ -155,10 +149,6 @@ def ensure_profile(specs: Sequence[StageSpec], hierarchy: str, prompts: Callable
     """The cached short profile of `specs` on the first prompts of `prompts()` -> (dataset name,
     [(sample id, prompt ids)]), measured (and cached) first if there is none: on `SHORT_PROMPTS` of them, or
     `SHORT_PROMPTS_WITH_COSTS` where the stages' step costs are in the cost cache (`short_profile_prompts`)."""
-    from experiments.profiling import (SHORT_OPTIONS, SHORT_PROMPTS, SHORT_PROMPTS_WITH_COSTS, measure_profile,
-                                       short_profile_prompts)  # fmt: skip
-    from analysis.rundir import atomic_write_json
-
     dataset, found = prompts()
     for count in (SHORT_PROMPTS_WITH_COSTS, SHORT_PROMPTS):  # one measured before, on either count
         path = cached_profile_path(specs, hierarchy, dataset, found[:count])
@@ -193,7 +183,7 @@ def check_auto_options(draft_confidence: float, value_stop: float = 0.0) -> None
 
 
 def choose_for_run(run, prompts) -> AutoChoice:
-    """The runner's `strategy=auto`: the choice for `run` (an `experiments.config.RunConfig`: its stages,
+    """The runner's `strategy=auto`: the choice for `run` (an `experiments.run_config.RunConfig`: its stages,
     hierarchy and `strategy.profile`, a profile path or None for the cached short one), measuring a
     missing short profile on the run's own first prompts (`prompts`, the run's
     `experiments.data.DatasetPrompts`)."""
@@ -212,8 +202,6 @@ def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | N
         raise ConfigError("give strategy auto a profile or profile_prompts to measure one on, not both")
 
     def prompts():
-        from experiments.profiling import SHORT_PROMPTS_WITH_COSTS
-
         hierarchy = checked or check_hierarchy(specs)
         tokenizer = hierarchy.tokenizer
         if profile_prompts is None:
@@ -224,8 +212,6 @@ def choose_for_pipeline(specs: Sequence[StageSpec], profile_path: str | Path | N
 
 
 def _prompt_ids(prompt, tokenizer) -> list[int]:
-    from pipespec.api import encode_prompt
-
     ids = encode_prompt(tokenizer, prompt)
     if not ids:
         raise ConfigError(f"profile_prompts must hold non-empty prompts, got {prompt!r:.60}")
@@ -270,9 +256,6 @@ class AutoPipeline(Pipeline):
         self.auto, self.learn = choice, learn
         self.decisions: list[dict[str, Any]] = []
         if learn:
-            from analysis.learn import Observed
-            from analysis.profile import load_profile
-
             self.profile = load_profile(choice.profile)
             self.observed = Observed()
             self.configuration = dict(choice.record()["chosen"])  # with `tree_nodes` where it chose token trees
@@ -296,8 +279,6 @@ class AutoPipeline(Pipeline):
 
     def _learn_from(self, result, ran: dict[str, Any]) -> dict[str, Any]:
         """Fold the call's traces into the profile and decide the next configuration (`analysis.learn`)."""
-        from analysis.learn import next_configuration
-
         self.observed.add(self.profile, result.stages, result.stage_traces)
         trees = self.auto.tree_nodes  # the first stage's, fixed when it started: a configuration with it uses it
 

@@ -59,7 +59,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from experiments.conf import CONFIG_PATH  # noqa: E402
+from experiments.compose import CONFIG_PATH  # noqa: E402
 
 from experiments.benchlib.config import check_config, check_group_overrides, load_prompts  # noqa: E402
 from experiments.benchlib.report import format_markdown, prompt_source, summarize, write_outputs  # noqa: E402
@@ -108,7 +108,7 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
 def auto_profile_prompts(cfg: Mapping[str, Any], tokenizer, context: int | None, family: str) -> list | None:
     """The prompts `auto` measures its short profile on when it has no profile: the dataset's first ones
     (before `prompt_offset`'s timed prompts when the offset leaves room), so a news bench profiles news."""
-    from experiments.profiling import SHORT_PROMPTS
+    from experiments.profiler import SHORT_PROMPTS
 
     if "auto" not in cfg["systems"] or cfg["auto"].get("profile") is not None:
         return None
@@ -129,7 +129,7 @@ def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[
     """The whole benchmark once per dataset of `datasets` (each into out_dir/NAME, with its own
     `targets_by_dataset` on top of `targets`), or once on the composed `dataset` when it is null."""
     from experiments.benchlib.config import check_datasets
-    from experiments.conf import load
+    from experiments.compose import load
 
     check_run_dir(cfg, out_dir)
     names = check_datasets(cfg)

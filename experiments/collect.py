@@ -22,20 +22,20 @@ table2_humaneval.md / .tex in --out.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from analysis.collect import collect, format_csv, format_markdown
 from analysis.import_official import OfficialLogError
 from analysis.rundir import ResultsError, atomic_write_text
+from analysis.tables import TABLE2_SWEEPS, sweep_table, table2_humaneval, to_latex, to_markdown
 
 TABLE2_OUT = "results/tables"
 
 
 def is_sweep_dir(path: Path) -> bool:
     """A paired sweep's directory: it holds paired.json, or runs whose records name their prompt slot."""
-    import json
-
     if (path / "paired.json").is_file():
         return True
     for samples in sorted(path.glob("*/samples.jsonl"))[:3]:
@@ -51,8 +51,6 @@ def is_sweep_dir(path: Path) -> bool:
 
 def write_tables(table, stem: Path, write: bool) -> None:
     """Print the table's Markdown; write STEM.md and STEM.tex (atomically) unless `write` is off."""
-    from analysis.tables import to_latex, to_markdown
-
     markdown = to_markdown(table)
     print(markdown)
     if write:
@@ -63,8 +61,6 @@ def write_tables(table, stem: Path, write: bool) -> None:
 
 def table2(sweeps: list[str], out: str, write: bool) -> None:
     """Table 2 for HumanEval into OUT/table2_humaneval.md / .tex (by default the committed sweeps)."""
-    from analysis.tables import TABLE2_SWEEPS, table2_humaneval
-
     command = "python -m experiments.collect --table2" + "".join(f" {s}" for s in sweeps)
     if out != TABLE2_OUT:
         command += f" --out {out}"
@@ -91,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         sweeps = [d for d in args.dirs if is_sweep_dir(Path(d))]
         for sweep in sweeps:
-            from analysis.tables import sweep_table
-
             write_tables(sweep_table(sweep), Path(sweep) / "table", not args.no_write)
         others = [d for d in args.dirs if d not in sweeps or args.csv or args.markdown]
         if others:

@@ -53,7 +53,7 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
     """Greedy outputs of fp32 SmolLM2, cached per sample (the file is rewritten after each)."""
     import torch
 
-    from experiments import conf
+    from experiments import compose
     from experiments.data import prompts_for
     from pipespec.decoding import greedy_generate
     from experiments.hierarchies import resolve_stage
@@ -71,7 +71,7 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
     runner = CausalLMRunner(load_model(spec))
     window = context_length(spec.model)
     for name, file in DATASETS.items():
-        found = prompts_for(conf.load("dataset", file), tokenizer, "chat", window, max_new_tokens, count=n)
+        found = prompts_for(compose.load("dataset", file), tokenizer, "chat", window, max_new_tokens, count=n)
         done = {s["sample_id"]: s for s in cache["datasets"].get(name, [])}
         samples = []
         for prompt in found.prompts:
@@ -97,7 +97,7 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
 
 def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 15) -> list[float]:
     """Median CPU seconds of one fp32 target pass feeding n = 1..max_rows tokens after a real prompt (1 thread),
-    in `repeats` sweeps over n (`experiments.profiling.interleaved_step_costs`).
+    in `repeats` sweeps over n (`experiments.profiler.interleaved_step_costs`).
 
     CPU time, not wall-clock: on a shared machine other processes preempt this one; they still share
     its memory bandwidth and caches, so the figures are an estimate of a quiet machine's, not a measure.
@@ -105,7 +105,7 @@ def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 
     import torch
 
     from experiments.hierarchies import resolve_stage
-    from experiments.profiling import interleaved_step_costs
+    from experiments.profiler import interleaved_step_costs
     from pipespec.models import CausalLMRunner, load_model
 
     torch.set_num_threads(1)  # torch then runs on this thread: its CPU time is the pass's

@@ -81,7 +81,7 @@ def prompts_for_case(name: str, target: str, count: int, tokens: int) -> list[li
         return random_prompts(count, length=16, seed=1)
     from transformers import AutoTokenizer
 
-    from experiments.conf import load
+    from experiments.compose import load
     from experiments.data import prompts_for
 
     tokenizer = AutoTokenizer.from_pretrained(target)

@@ -1,5 +1,5 @@
 """Named model hierarchies: the `models` group of the configuration tree (`conf/models/*.yaml`, the one place
-they are defined), composed through Hydra (`experiments.conf`).
+they are defined), composed through Hydra (`experiments.compose`).
 
 Two model aliases need no hub: `smollm2` is the directory `experiments.prepare`
 builds offline from the SmolLM2 PyPI package, and `tiny:NAME` a tiny random
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from experiments.conf import load, options
+from experiments.compose import load, options
 from experiments.hub import check_models
 from pipespec.errors import ConfigError
 from pipespec.specs import check_target_options, StageSpec

@@ -2,7 +2,7 @@
 gated model needs. Every check here is local (environment, files, the hub's local cache): nothing waits on
 the network.
 
-    preflight(config, plan)       # experiments.config.RunConfig.from_config, before anything loads
+    preflight(config, plan)       # experiments.run_config.RunConfig.from_config, before anything loads
     check_models(stages, plan)    # experiments.hierarchies.resolve_stages: every tool that resolves stages
     default_offline()             # entry points without a RunConfig (experiments.bench, experiments.gpu_check)
 

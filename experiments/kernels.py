@@ -183,7 +183,7 @@ def exactness(runners: dict, prompts: list, budget: int, failed: dict, log) -> l
 
 
 def _greedy_and_verify(runner, prompt: list[int], budget: int) -> tuple[list[int], bool]:
-    from experiments.profiling import greedy_continuation
+    from experiments.profiler_acceptance import greedy_continuation
 
     output = greedy_continuation(runner, prompt, budget)
     return output, verifies_like_greedy(runner, prompt, output)
@@ -194,7 +194,7 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
     """One model stage's report: t(n) per variant, warm-up facts, exactness per prompt, the variants that failed."""
     import torch
 
-    from experiments.profiling import interleaved_step_costs
+    from experiments.profiler import interleaved_step_costs
 
     torch.set_num_threads(spec.threads)
     context = list(prompts[0][1])
@@ -225,7 +225,7 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
 
 
 def compare(run, max_fed: int, repeats: int, log=print, variants: tuple[str, ...] = KERNELS_COMPARED) -> dict:
-    """The report over every model stage of `run` (an `experiments.config.RunConfig`), on its prompts."""
+    """The report over every model stage of `run` (an `experiments.run_config.RunConfig`), on its prompts."""
     from pipespec.kernels import obstacle
     from pipespec.models import check_shared_vocabulary, context_length
     from experiments.machine import machine_facts
@@ -324,8 +324,8 @@ def format_markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.conf import compose
-    from experiments.config import RunConfig
+    from experiments.compose import compose
+    from experiments.run_config import RunConfig
     from experiments.data import DataError
     from pipespec.errors import ConfigError
 

@@ -80,7 +80,7 @@ class PipespecArgs:
 
     def strategy_options(self) -> dict[str, Any]:
         """The strategy option's settings (conf/strategy/STRATEGY.yaml) with the ones given here on top."""
-        from experiments.conf import load
+        from experiments.compose import load
 
         options = load("strategy", str(self.strategy))
         given = {key: getattr(self, key) for key in STRATEGY_KEYS if getattr(self, key) is not None}

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from experiments.conf import load as load_conf
+from experiments.compose import load as load_conf
 from pipespec.stats import StageStats, pool
 
 HIERARCHIES = ("smollm2_int8_fp32", "smollm2_pld_int8_fp32", "smollm2_pld_fp32")
@@ -28,10 +28,10 @@ DATASETS = ("humaneval", "news_lee_cnndm")
 
 def step_costs_ms(spec, context_tokens: int = 200, max_n: int = 16, repeats: int = 5) -> list[float]:
     """Median ms of one forward feeding n = 1..max_n new tokens onto a `context_tokens` cache of random
-    tokens, in `repeats` sweeps over n (`experiments.profiling.interleaved_step_costs`)."""
+    tokens, in `repeats` sweeps over n (`experiments.profiler.interleaved_step_costs`)."""
     import torch
 
-    from experiments.profiling import interleaved_step_costs
+    from experiments.profiler import interleaved_step_costs
     from pipespec.exported import stage_runner
 
     torch.set_num_threads(spec.threads)

@@ -7,7 +7,7 @@
     python -m experiments.profile models=smollm2_int8_fp32 cost_cache=false
         # step costs measured again (by default a cached cost sweep of the same machine and stages is reused)
 
-The measurement is `experiments.profiling`; `python -m analysis.predict RUN_DIR/profile.json` reads it.
+The measurement is `experiments.profiler`; `python -m analysis.predict RUN_DIR/profile.json` reads it.
 """
 
 from __future__ import annotations
@@ -22,15 +22,21 @@ default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from experiments.conf import CONFIG_PATH  # noqa: E402
+from experiments.compose import CONFIG_PATH  # noqa: E402
+from experiments.data import DataError, prompts_for  # noqa: E402
+from experiments.hierarchies import resolve_stages  # noqa: E402
+from experiments.profiler import ProfileOptions, measure_profile  # noqa: E402
+from pipespec.errors import ConfigError, StageError  # noqa: E402
+from pipespec.models import check_shared_vocabulary, context_length  # noqa: E402
+
+# experiments.run_config (torch) and Hydra's runtime config are imported where used: importing this module
+# stays cheap for the tests.
 
 PROFILE_FILE = "profile.json"
 
 
 def read_costs_from(path: str | None) -> dict | None:
     """The JSON of the profile named by `costs_from` (with its "path"), or None; a `ConfigError` if unreadable."""
-    from pipespec.errors import ConfigError
-
     if path is None:
         return None
     file = Path(path)
@@ -48,8 +54,6 @@ def read_costs_from(path: str | None) -> dict | None:
 def check_run_dir(config: dict, run_dir: str | Path) -> None:
     """A profile is measured into a directory that holds none: another one there would be lost (checked
     before anything is measured, and by `experiments.callbacks.CheckRunDirectory` before Hydra writes)."""
-    from pipespec.errors import ConfigError
-
     if (Path(run_dir) / PROFILE_FILE).exists():
         raise ConfigError(f"{run_dir} already holds a profile ({PROFILE_FILE}): choose another hydra.run.dir, or "
                           "move it away to measure again")  # fmt: skip
@@ -58,12 +62,7 @@ def check_run_dir(config: dict, run_dir: str | Path) -> None:
 def write_profile(config: dict, run_dir: str | Path) -> Path:
     """Measure the profile `config` (a composed conf/profile.yaml) describes into `run_dir`/profile.json, on
     the prompts a run of the same models, dataset and max_new_tokens would take."""
-    from experiments.config import check_budget, check_family
-    from experiments.data import prompts_for
-    from experiments.hierarchies import resolve_stages
-    from pipespec.models import check_shared_vocabulary, context_length
-    from experiments.profiling import ProfileOptions, measure_profile
-    from pipespec.errors import ConfigError
+    from experiments.run_config import check_budget, check_family
 
     check_run_dir(config, run_dir)
     options = ProfileOptions(**(config.get("profile") or {}))
@@ -87,9 +86,6 @@ def write_profile(config: dict, run_dir: str | Path) -> Path:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="profile")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
-
-    from experiments.data import DataError
-    from pipespec.errors import ConfigError, StageError
 
     config = OmegaConf.to_container(cfg, resolve=True)
     try:

@@ -35,6 +35,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from analysis.rundir import RECORD_KEYS, read_records, read_summary
+from experiments.hierarchies import load_hierarchy, tiny_model_dir
+from experiments.hub import default_offline
+from experiments.soak import WARMUP, soak
+from experiments.tiny import build_tiny_hierarchy, random_prompts
+from pipespec.errors import StageError
+from pipespec.faults import FaultPlan
+
+# torch, psutil and the modules that load models (pipespec.api, .decoding, .models) are imported where used:
+# importing this module stays cheap for its argument checks and the tests.
+
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 9
 STALL_S = 3
@@ -88,12 +99,8 @@ def run_faults(log) -> dict:
     import torch
 
     from pipespec.api import Pipeline
-    from pipespec.faults import FaultPlan
-    from pipespec.errors import StageError
     from pipespec.decoding import greedy_generate
-    from experiments.hierarchies import load_hierarchy
     from pipespec.models import CausalLMRunner, load_model
-    from experiments.tiny import random_prompts
 
     specs = {2: load_hierarchy("tiny_k2"), 3: load_hierarchy("tiny_k3")}
     torch.set_num_threads(1)
@@ -168,8 +175,6 @@ def _lines(run: Path) -> int:
 
 def _whole_records(run: Path) -> list[dict]:
     """Newline-terminated lines of samples.jsonl, each a whole record (else the store is corrupt)."""
-    from analysis.rundir import RECORD_KEYS
-
     path = run / "samples.jsonl"
     if not path.exists():
         return []
@@ -181,8 +186,6 @@ def _whole_records(run: Path) -> list[dict]:
 
 def run_resume(log) -> dict:
     import psutil
-
-    from analysis.rundir import read_records, read_summary
 
     rng = random.Random(SEED)
     first, second = rng.randint(1, 3), rng.randint(1, 3)
@@ -270,8 +273,6 @@ HYDRAS_OWN = "config key that does not exist"  # Hydra's own message: several li
 
 def _bad_input_files(tmp: Path) -> dict[str, str]:
     """The files the bad options name, made under `tmp`: placeholder -> path."""
-    from experiments.tiny import build_tiny_hierarchy
-
     other_vocab = build_tiny_hierarchy(tmp / "vocab300", [], vocab_size=300)[0]
     (tmp / "empty.jsonl").write_text("")
     (tmp / "one.jsonl").write_text(json.dumps({"id": "1", "document": "A story.", "summary": "Story."}) + "\n")
@@ -369,8 +370,6 @@ def _judge(outcome: tuple) -> tuple[str, str, list[str]]:
 
 
 def run_bad_inputs(log) -> dict:
-    from experiments.hierarchies import tiny_model_dir
-
     tiny_model_dir("target")  # built once, before several processes want it
     failures, lines = [], []
     with tempfile.TemporaryDirectory(prefix="pipespec-reliability-") as tmp:
@@ -393,7 +392,6 @@ def run_bad_inputs(log) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.hub import default_offline
     default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -453,8 +451,6 @@ def _run(args, parts: list[str], console, stage_log: str) -> int:
             g = groups["delay"]
             out.append(f"  a control message delayed 0.5 s: {g['ok']}/{g['tried']} outputs identical to greedy")
     if "soak" in parts:
-        from experiments.soak import WARMUP, soak
-
         with contextlib.redirect_stdout(console if args.verbose else io.StringIO()):  # its progress lines
             report = soak("tiny_k3", args.soak_generations, 24, 50.0, 30.0)
         failures += report["failures"]

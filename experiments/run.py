@@ -8,7 +8,7 @@
     torchrun --nproc_per_node=4 -m experiments.run models=tiny_k3 strategy=pipespec   # rank 0 + 3 stage ranks
 
 The work is in `experiments.runner` (no Hydra there); this file composes the config,
-checks it once (`experiments.config.RunConfig`), prints the plan or the run's table, and
+checks it once (`experiments.run_config.RunConfig`), prints the plan or the run's table, and
 turns known errors into one line.
 """
 
@@ -20,7 +20,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.conf import CONFIG_PATH
+from experiments.compose import CONFIG_PATH
 
 EMBEDDED_DEFAULT = ["-m", "strategy=greedy,auto"]
 
@@ -40,7 +40,7 @@ def plan(run) -> None:
 def main(cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from experiments.config import RunConfig
+    from experiments.run_config import RunConfig
     from experiments.data import DataError
     from pipespec.errors import ConfigError, StageError
     from experiments.runner import RunError, format_run, run_experiment

@@ -2,7 +2,7 @@
 
     summary = run_experiment(config, run_dir)
 
-`config` is an `experiments.config.RunConfig`, or the plain mapping it is made from,
+`config` is an `experiments.run_config.RunConfig`, or the plain mapping it is made from,
 shaped like the composed `conf/config.yaml` (models, strategy, dataset, max_new_tokens,
 sampling, acceptance, run); Hydra is only the entry point (`experiments/run.py`), so this
 module works without it. The run:
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from analysis.rundir import RunStore, ResultsError, refresh_reference, stage_stats, summarize_run
-from experiments.config import RunConfig
+from experiments.run_config import RunConfig
 from experiments.machine import environment
 from pipespec.gpu import GpuMonitor, sample_gpu_figures
 from pipespec.stats import StageStats, pool

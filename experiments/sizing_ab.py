@@ -22,7 +22,7 @@ default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run
 
 
 def compare(run) -> dict:
-    """Both variants of `run` (an `experiments.config.RunConfig`) on its prompts, alternating per prompt."""
+    """Both variants of `run` (an `experiments.run_config.RunConfig`) on its prompts, alternating per prompt."""
     from pipespec.api import Pipeline
 
     budget = run.budget
@@ -51,8 +51,8 @@ def compare(run) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.conf import compose
-    from experiments.config import RunConfig
+    from experiments.compose import compose
+    from experiments.run_config import RunConfig
     from experiments.data import DataError
     from pipespec.errors import ConfigError, StageError
 

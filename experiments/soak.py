@@ -18,6 +18,14 @@ import os
 import sys
 import time
 
+from experiments.hierarchies import load_hierarchy
+from experiments.hub import default_offline
+from experiments.tiny import random_prompts
+from pipespec.errors import ConfigError, StageError
+
+# psutil and pipespec.api (torch) are imported where used: importing this module stays cheap for
+# `experiments.reliability` and the tests.
+
 WARMUP = 10
 
 
@@ -29,8 +37,6 @@ def rss_mb(pids: list[int]) -> list[float]:
 
 def soak(models: str, generations: int, max_new_tokens: int, bound_mb: float, timeout_s: float) -> dict:
     from pipespec.api import Pipeline
-    from experiments.hierarchies import load_hierarchy
-    from experiments.tiny import random_prompts
 
     prompts = random_prompts(8, length=16, seed=3)
     plan = [("greedy", 0), ("sd", 2), ("sd", 4), ("pipespec", 0), ("pipespec", 2)]
@@ -66,7 +72,6 @@ def soak(models: str, generations: int, max_new_tokens: int, bound_mb: float, ti
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.hub import default_offline
     default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", type=int, default=200)
@@ -75,9 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bound-mb", type=float, default=50.0, help="allowed RSS growth per process")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="per-call and stall timeout")
     args = parser.parse_args(argv)
-    from pipespec.errors import StageError
-    from pipespec.errors import ConfigError
-
     try:
         report = soak(args.models, args.generations, args.max_new_tokens, args.bound_mb, args.timeout_s)
     except (ConfigError, StageError) as error:

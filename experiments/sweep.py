@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -34,9 +34,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from experiments.conf import CONFIG_PATH  # noqa: E402
-from analysis.paired import REFERENCE, configuration_name, partial_stages  # noqa: E402
-from pipespec.errors import ConfigError  # noqa: E402
+from experiments.compose import CONFIG_PATH  # noqa: E402
+from analysis.paired import (REFERENCE, configuration_name, format_table, paired_speedups, partial_stages,
+                             rotation, speed_factor, sweep_samples)  # noqa: E402
+from pipespec.errors import ConfigError, StageError  # noqa: E402
+from analysis.predict import sample_cost  # noqa: E402
+from analysis.profile import ProfileError, load_profile  # noqa: E402
+from analysis.rundir import (CONFIG, ResultsError, SAMPLES, SUMMARY, atomic_write_json, atomic_write_text,
+                             read_config, refresh_reference, summarize_run)  # noqa: E402
+from experiments.data import DataError, build_prompt_ids, load_dataset, render_prompt_text  # noqa: E402
+from experiments.hierarchies import resolve_stages  # noqa: E402
+from experiments.machine import environment  # noqa: E402
+
+# torch, tqdm and the modules that import torch (experiments.runner, pipespec.api, pipespec.options) are
+# imported where used: importing this module stays cheap for the tests and `experiments.bench`.
 
 CONFIGURATION_KEYS = ("strategy", "lookahead", "max_lead", "draft_confidence", "size_verification", "cascade",
                       "value_stop", "stages")  # fmt: skip
@@ -108,8 +119,6 @@ def run_config(cfg: Mapping[str, Any], configuration: Configuration) -> dict[str
 
 def sweep_prompts(cfg: Mapping[str, Any], tokenizer, context_length: int | None) -> list[tuple[Any, list[int], bool]]:
     """(sample, prompt ids, truncated) of the `samples` prompts after the first `prompt_offset`."""
-    from experiments.data import build_prompt_ids, load_dataset
-
     offset, count = cfg["prompt_offset"], cfg["samples"]
     dataset = load_dataset({**cfg["dataset"], "n_samples": offset + count})
     chosen = dataset.samples[offset : offset + count]
@@ -126,7 +135,6 @@ class Sweep:
 
     def __init__(self, cfg: Mapping[str, Any], out_dir: Path, configurations: list[Configuration], pipe,
                  prompts: list, profile_target=None):  # fmt: skip
-        from experiments.machine import environment
         from experiments.runner import open_store
 
         self.cfg, self.out_dir, self.configurations, self.pipe, self.prompts = cfg, out_dir, configurations, pipe, prompts
@@ -161,7 +169,6 @@ class Sweep:
                 self.pipe.generate(self.prompts[0][1], tokens, **configuration.options, forget_outputs=self.forget)
 
     def run_one(self, repetition: int, index: int, configuration: Configuration) -> None:
-        from experiments.data import render_prompt_text
         from experiments.runner import sample_record
 
         sample, ids, truncated = self.prompts[index]
@@ -173,9 +180,6 @@ class Sweep:
         record["index"] = repetition * len(self.prompts) + index
         record["slot"] = {"prompt": str(sample.sample_id), "repetition": repetition}
         if self.profile_target is not None:
-            from analysis.paired import speed_factor
-            from analysis.predict import sample_cost
-
             cost = sample_cost(self.profile_target, len(ids))
             record["speed_factor"] = speed_factor(result.stage_traces[-1].steps, cost)
         trace = {"sample_id": record["sample_id"], "index": record["index"],
@@ -185,9 +189,6 @@ class Sweep:
     def finish(self) -> list:
         """Each run's summary (greedy's first: the others find it as their reference), then the paired table;
         a finished sweep resumed (nothing to do) leaves the summaries its runs have as they are."""
-        from analysis.paired import format_table, paired_speedups, sweep_samples
-        from analysis.rundir import SUMMARY, atomic_write_json, atomic_write_text, refresh_reference, summarize_run
-
         for configuration in self.configurations:
             store = self.stores[configuration.name]
             if not self.todo and (store.run_dir / SUMMARY).exists():
@@ -210,8 +211,6 @@ def check_run_dir(cfg: Mapping[str, Any], out_dir: str | Path, names: Sequence[s
     too: `experiments.callbacks.CheckRunDirectory` calls it first): a sweep that holds results only with
     resume=true, and resumed only as it started: its configurations (`names`; None: those of `cfg`) and its
     settings (`check_same_settings`). A `ConfigError` naming what differs."""
-    from analysis.rundir import SAMPLES
-
     out_dir = Path(out_dir)
     if not cfg["resume"]:
         if any(p.stat().st_size for p in out_dir.glob(f"*/{SAMPLES}")):
@@ -236,8 +235,6 @@ def check_same_settings(out_dir: Path, cfg: Mapping[str, Any]) -> None:
     """A resumed sweep measures what it started measuring: the same hierarchy, dataset, tokens and `SETTINGS`
     as its greedy run's config.yaml records (another prompt_offset would add other prompts to it, another
     forget_outputs another drafter); nothing to compare before its first start wrote that file."""
-    from analysis.rundir import CONFIG, read_config
-
     if not (out_dir / REFERENCE / CONFIG).exists():
         return
     before = measured_settings(read_config(out_dir / REFERENCE))
@@ -254,8 +251,6 @@ def check_same_configurations(out_dir: Path, names: Sequence[str]) -> None:
     """A resumed sweep times the configurations it started with (each one's folder and config written at the
     start): one added on resuming would be timed minutes after the others, not interleaved with them, and
     one left out would stay half-measured. A `ConfigError` naming the difference."""
-    from analysis.rundir import CONFIG
-
     started = sorted(p.parent.name for p in Path(out_dir).glob(f"*/{CONFIG}") if not p.parent.name.startswith("."))
     added, dropped = sorted(set(names) - set(started)), sorted(set(started) - set(names))
     if started and (added or dropped):
@@ -266,14 +261,10 @@ def check_same_configurations(out_dir: Path, names: Sequence[str]) -> None:
 
 
 def _rotation(configurations: list[Configuration], index: int, repetition: int) -> list[Configuration]:
-    from analysis.paired import rotation
-
     return rotation(configurations, index, repetition)
 
 
 def _as_dict(speedup) -> dict:
-    from dataclasses import asdict
-
     return asdict(speedup)
 
 
@@ -281,8 +272,6 @@ def profile_target(path: str | None, specs):
     """The target stage of a profile of this hierarchy (`analysis.profile.StageProfile`; None without a profile)."""
     if path is None:
         return None
-    from analysis.profile import ProfileError, load_profile
-
     try:
         profile = load_profile(path)
     except ProfileError as error:
@@ -295,8 +284,6 @@ def profile_target(path: str | None, specs):
 def sweep_configurations(cfg: Mapping[str, Any]) -> tuple[list, list[Configuration]]:
     """The sweep's stages (`StageSpec`s) and configurations, greedy first, checked (`check_counts`,
     `check_configurations`)."""
-    from experiments.hierarchies import resolve_stages
-
     check_counts(cfg)
     specs = resolve_stages(cfg["models"]["stages"])
     configurations = check_configurations(cfg["configurations"], [s.kind for s in specs], [s.label for s in specs],
@@ -331,11 +318,7 @@ def run_sweep(cfg: Mapping[str, Any], out_dir: str | Path) -> list:
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from analysis.paired import format_table
-    from analysis.rundir import ResultsError
-    from experiments.data import DataError
     from experiments.runner import RunError
-    from pipespec.errors import StageError
 
     config = OmegaConf.to_container(cfg, resolve=True)
     try:

@@ -55,7 +55,7 @@ class CheckedHierarchy:
 
     def planned_with(self, call: CallOptions) -> "CheckedHierarchy":
         """These checks, recording that `call` has been planned against `stages` (`CallOptions.plan`), as
-        `experiments.config.RunConfig.from_config` plans a run's options."""
+        `experiments.run_config.RunConfig.from_config` plans a run's options."""
         return replace(self, call=call)
 
     def planned(self, call: CallOptions, specs: Sequence[StageSpec]) -> bool:

@@ -2,7 +2,7 @@
 
 `interleaved_step_times` times several runners (or one runner under several conditions, switched by
 `before(key)`) in alternating sweeps over the same step sizes, so that a slow spell of the machine
-falls on all of them and on every n rather than on one. Machine profiles (`experiments.profiling`),
+falls on all of them and on every n rather than on one. Machine profiles (`experiments.profiler`),
 the kernel choice (`pipespec.kernels`) and the tools that compare kernels all measure t(n) with it.
 """
 

@@ -9,7 +9,7 @@ likely one (`best_path`; the suffix drafter's is the chain it would propose alon
 distinct tokens.
 
 A chain proposal is a tree with one path (`DraftTree.chain`). Torch-free: a tree travels in
-`pipespec.protocol.Drafts`, and the profile's measurements (`experiments.profiling`) walk it.
+`pipespec.protocol.Drafts`, and the profile's measurements (`experiments.profiler`) walk it.
 """
 
 from __future__ import annotations

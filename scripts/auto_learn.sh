@@ -34,7 +34,7 @@ for d in humaneval news_lee_cnndm; do
   run="$OUT/$H/$d/learn/from_$o"
   ids=$("$PY" - "$d" <<'PY'
 import sys
-from experiments.conf import load
+from experiments.compose import load
 from experiments.data import load_dataset
 samples = load_dataset({**load("dataset", sys.argv[1]), "n_samples": 28}).samples[20:28]
 print("[" + ",".join(f'"{s.sample_id}"' for s in samples) + "]")
@@ -52,7 +52,7 @@ from pathlib import Path
 from analysis.learn import sweep_configuration
 from analysis.paired import configuration_name
 from analysis.rundir import read_config, read_summary
-from experiments.conf import compose
+from experiments.compose import compose
 trees = read_summary(Path(sys.argv[1]))["auto"]["chosen"].get("tree_nodes", 0)
 count = len(read_config(Path(sys.argv[1]))["models"]["stages"])
 entries = [dict(c) for c in compose("sweep")["configurations"]]

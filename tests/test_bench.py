@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipespec.api import GenerationResult
-from experiments.conf import load as load_conf
+from experiments.compose import load as load_conf
 from pipespec.trace import StageTrace
 
 ROOT = Path(__file__).resolve().parent.parent

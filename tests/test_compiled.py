@@ -142,7 +142,7 @@ def test_a_profile_times_the_compiled_step_the_pipeline_runs(tiny, compiled_cach
     """A profile's step costs (and the model card's) come from the runner the stage makes: the compiled
     package's for `compile: true` (loaded here from the cache an earlier start filled), the eager model's
     otherwise; its kernels are recorded as `compiled`."""
-    from experiments.profiling import _runner
+    from experiments.profiler import _runner
     from pipespec.exported import ExportedRunner, stage_runner
     from pipespec.models import CausalLMRunner, resolved_kernels
 

@@ -1,4 +1,4 @@
-"""`experiments.config.RunConfig`: a run's config checked once, every bad option one `ConfigError` naming it,
+"""`experiments.run_config.RunConfig`: a run's config checked once, every bad option one `ConfigError` naming it,
 a good config kept as given, and the runner's command line turning a bad option into one error line."""
 
 import copy
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments.conf import compose
-from experiments.config import RunConfig, RunOptions
+from experiments.compose import compose
+from experiments.run_config import RunConfig, RunOptions
 from pipespec.errors import ConfigError
 
 

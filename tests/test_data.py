@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.conf import load as load_conf
+from experiments.compose import load as load_conf
 from experiments.data import (
     CodeExecutionWarning,
     DataError,

@@ -6,8 +6,8 @@ import itertools
 import pytest
 import yaml
 
-from experiments.conf import compose, conf_dir, options
-from experiments.config import RunConfig
+from experiments.compose import compose, conf_dir, options
+from experiments.run_config import RunConfig
 from experiments.plan import format_plan, plan_stages
 
 EXPERIMENTS = options("experiment")

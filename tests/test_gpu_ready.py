@@ -271,7 +271,7 @@ def test_a_run_records_margins_identity_classes_and_gpu_facts(tmp_path):
 
     from experiments.runner import run_experiment
 
-    from experiments.conf import CONF_MODULE
+    from experiments.compose import CONF_MODULE
 
     summaries = {}
     for strategy in ("greedy", "sd"):

@@ -81,8 +81,8 @@ def test_checks_cover_a_subset_of_their_stages_and_refuse_other_stages(tiny, tin
 
 def test_a_run_checks_its_hierarchy_and_plans_its_options_once(counted):
     from experiments import runner
-    from experiments.conf import compose
-    from experiments.config import RunConfig
+    from experiments.compose import compose
+    from experiments.run_config import RunConfig
     from experiments.hierarchies import tiny_model_dir
 
     tiny_model_dir("target")  # the tiny_k2 models built before counting

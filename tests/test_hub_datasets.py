@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.conf import load as load_conf
+from experiments.compose import load as load_conf
 from experiments.data import DatasetPathError, load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 import analysis, experiments, pipespec, pipespec_conf
-from experiments.conf import CONF_MODULE, conf_dir, options
+from experiments.compose import CONF_MODULE, conf_dir, options
 from experiments.hierarchies import read_hierarchy
 
 install = Path(sys.argv[1]).resolve()

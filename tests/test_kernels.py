@@ -117,7 +117,7 @@ def test_prepacked_model_decodes_and_verifies_like_the_plain_one(tiny_models):
 
     from pipespec.kernels import PrepackedLinear
     from pipespec.models import CausalLMRunner, load_model
-    from experiments.profiling import greedy_continuation
+    from experiments.profiler_acceptance import greedy_continuation
     from experiments.tiny import random_prompts
 
     torch.set_num_threads(1)

@@ -126,3 +126,14 @@ def test_no_function_is_longer_than_80_lines(package):
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+def test_the_entry_points_are_the_modules_development_md_lists():
+    """docs/development.md names the entry points of `experiments/` (a module run as
+    `python -m experiments.NAME`); every module with a `__main__` block is one of them and no other is."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    sentence = text.split("An entry point is a module with a `main`", 1)[1].split("Every other module", 1)[0]
+    listed = set(sentence.split(":", 1)[1].replace("`", "").replace("\n", " ").strip(" .").split(", "))
+    runnable = {path.stem for path in (ROOT / "experiments").glob("*.py")
+                if 'if __name__ == "__main__"' in path.read_text()}
+    assert listed == runnable

@@ -160,8 +160,8 @@ def test_a_run_learns_what_a_step_after_a_wait_costs():
 def model_free_profile() -> object:
     """A two-stage profile whose first stage is model-free: along each of three continuations it proposed
     two drafts at some positions and nothing at the others (`proposed`), and kept `runs` of them; its rates
-    by position are the walk's with those proposals (`experiments.profiling.acceptance_by_position`)."""
-    from experiments.profiling import acceptance_by_position
+    by position are the walk's with those proposals (`experiments.profiler_acceptance.acceptance_by_position`)."""
+    from experiments.profiler_acceptance import acceptance_by_position
 
     proposed = [[2, 0, 0, 2, 2, 0, 2, 0, 0, 2] * 3, [0, 2, 2, 0, 0, 2, 0, 2, 0, 0] * 3, [2] * 30]
     runs = [[min(p, r) for p, r in zip(along, [1, 0, 2, 2, 0, 1, 2, 0, 1, 2] * 3)] for along in proposed]

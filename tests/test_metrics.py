@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.conf import load as load_conf
-from experiments.conf import options
+from experiments.compose import load as load_conf
+from experiments.compose import options
 from experiments.data import load_dataset, rouge_per_sample, rouge_scores
 from experiments.data.quality import (
     PASS_AT_1,

@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from experiments import hub
-from experiments.conf import CONF_MODULE
-from experiments.config import RunConfig
+from experiments.compose import CONF_MODULE
+from experiments.run_config import RunConfig
 from pipespec.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,7 +243,7 @@ def test_an_entry_points_offline_default_is_lifted_for_a_hub_dataset(clean, monk
     takes it online for a hub dataset (xsum: the hub's parquet conversion)."""
     import datasets
 
-    from experiments.conf import load as load_conf
+    from experiments.compose import load as load_conf
     from experiments.data import HubOfflineError, load_dataset
 
     calls = []

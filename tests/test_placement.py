@@ -8,8 +8,8 @@ import re
 import pytest
 
 from experiments.architectures import PUBLISHED, shape_for, shape_from_config
-from experiments.conf import compose
-from experiments.config import RunConfig
+from experiments.compose import compose
+from experiments.run_config import RunConfig
 from experiments.hierarchies import available, read_hierarchy
 from experiments.placement import auto_devices, check_gpu_count, place_stages, placed_devices
 from experiments.plan import GIB, OVERHEAD, device_budget, format_plan, plan_stages

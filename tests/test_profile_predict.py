@@ -112,7 +112,7 @@ def test_background_stages_pause_and_run_as_told():
     import time
 
     from experiments.hierarchies import load_hierarchy
-    from experiments.profiling import Background
+    from experiments.profiler import Background
 
     specs = load_hierarchy("tiny_k2")
     with Background(specs, [1, 2, 3, 4]) as background:
@@ -136,7 +136,7 @@ def test_a_background_target_feeds_a_verifications_tokens_and_keeps_one(monkeypa
 
     import torch
 
-    from experiments import profiling
+    from experiments import profiler
 
     class Runner:  # records what each step fed
         def __init__(self):
@@ -159,23 +159,23 @@ def test_a_background_target_feeds_a_verifications_tokens_and_keeps_one(monkeypa
             return self.calls > 6
 
     runner = Runner()
-    monkeypatch.setattr(profiling, "_runner", lambda spec: runner)
+    monkeypatch.setattr(profiler, "_runner", lambda spec: runner)
     run, ready, paused = threading.Event(), threading.Event(), threading.Event()
     run.set()
     steps = type("Count", (), {"value": 0})()
-    profiling._steady_loop(None, [1, 2, 3], ready, Stop(), run, paused, steps, fed=4)
+    profiler._steady_loop(None, [1, 2, 3], ready, Stop(), run, paused, steps, fed=4)
     assert steps.value == 6 and runner.fed == [3 + 3] + [4] * 5  # the context first, then 1 + 3 a step
     assert runner.cache_length == 3 + 5  # the context and one kept token a step (the sixth not yet fed)
-    assert profiling.ProfileOptions().verify_fed == 1
+    assert profiler.ProfileOptions().verify_fed == 1
     with pytest.raises(ConfigError, match="verify_fed"):
-        profiling.ProfileOptions(verify_fed=0)
+        profiler.ProfileOptions(verify_fed=0)
 
 
 def test_one_model_stage_is_timed_alone_half_before_acceptance_and_half_after():
     """Prompt lookup -> one model: no background stage, loaded = alone; the timed sweeps are split around
     the acceptance measurement (a slow spell of the machine then falls on part of them only)."""
     from experiments.hierarchies import load_hierarchy
-    from experiments.profiling import ProfileOptions, measure_profile
+    from experiments.profiler import ProfileOptions, measure_profile
 
     lookup, _, target = load_hierarchy("tiny_pld_k3")
     said: list[str] = []
@@ -191,7 +191,7 @@ def test_one_model_stage_is_timed_alone_half_before_acceptance_and_half_after():
 
 
 def test_a_longer_context_continues_with_the_other_prompts_within_the_model_s_positions():
-    from experiments.profiling import CONTEXT_SIZES, longer_context
+    from experiments.profiler import CONTEXT_SIZES, longer_context
 
     prompts = [[1, 2, 3], [4, 5], [6]]
     assert longer_context(prompts, 40, None) == [1, 2, 3] + [4, 5, 6] * 13 + [4]
@@ -203,7 +203,7 @@ def test_a_longer_context_continues_with_the_other_prompts_within_the_model_s_po
 def test_one_runner_is_timed_at_two_contexts_in_alternating_sweeps_each_after_its_own():
     """`context_step_times` through the one t(n) sweep: each step follows its own context, the cache reads a
     context again only where the other one's is in it, and the first sweep of each is a warm-up."""
-    from experiments.profiling import context_step_times
+    from experiments.profiler import context_step_times
 
     class Recording:
         def __init__(self):
@@ -259,7 +259,7 @@ def test_acceptance_by_position_sampler():
 
 def test_acceptance_is_sampled_where_decoding_drafts_again():
     """Starts follow the walk: after the accepted prefix and the verifier's own token."""
-    from experiments.profiling import acceptance_by_position, proposal_runs
+    from experiments.profiler_acceptance import acceptance_by_position, proposal_runs
 
     truth = list(range(100, 120))
 
@@ -280,7 +280,7 @@ def test_a_middle_verifier_keeps_what_its_own_tokens_in_the_target_s_text_agree_
     text so far, is that draft (`kept`), counted up to the first kept token that leaves the target's text
     (its context differs after it): checked against drafting and verifying token by token with the models,
     and on hand-made tokens."""
-    from experiments.profiling import along, kept, model_runs, proposal_runs, teacher_forced
+    from experiments.profiler_acceptance import along, kept, model_runs, proposal_runs, teacher_forced
     from pipespec.models import CausalLMRunner, load_model
     from pipespec.specs import StageSpec
 
@@ -319,7 +319,7 @@ def test_a_model_drafters_runs_are_its_greedy_drafts_along_the_continuation(tiny
     gets right: checked against drafting token by token from every position."""
     from pipespec.models import CausalLMRunner, load_model
     from pipespec.specs import StageSpec
-    from experiments.profiling import model_runs
+    from experiments.profiler_acceptance import model_runs
 
     draft, target = (CausalLMRunner(load_model(StageSpec(model=str(d)))) for d in tiny_models([0.3])[-2:])
     prompt = [5, 6, 7, 8]
@@ -382,7 +382,7 @@ def test_a_cached_cost_sweep_is_reused_and_the_time_goes_to_acceptance(tmp_path,
     """Without costs_from, a profile reuses the cost sweep cached for the same machine, stages and cost
     options, and caches the one it measures; the short profile then takes more prompts."""
     from experiments.hierarchies import load_hierarchy
-    from experiments import profiling
+    from experiments import profiler
 
     cache = tmp_path / "cache"
     env = {**ENV, "PIPESPEC_CACHE": str(cache)}
@@ -405,14 +405,14 @@ def test_a_cached_cost_sweep_is_reused_and_the_time_goes_to_acceptance(tmp_path,
     # the key: the same stages and cost options find the same sweep, other options another one
     monkeypatch.setenv("PIPESPEC_CACHE", str(cache))  # the tiny models too live there
     specs = load_hierarchy("tiny_k2")
-    options = profiling.ProfileOptions(max_fed=4, repeats=2, continuation=8, handoff_tokens=0)
-    assert profiling.cost_cache_path(profiling.cost_key(specs, options)) == stored
-    assert profiling.cached_costs(specs, profiling.ProfileOptions(max_fed=4, repeats=2, continuation=99,
+    options = profiler.ProfileOptions(max_fed=4, repeats=2, continuation=8, handoff_tokens=0)
+    assert profiler.cost_cache_path(profiler.cost_key(specs, options)) == stored
+    assert profiler.cached_costs(specs, profiler.ProfileOptions(max_fed=4, repeats=2, continuation=99,
                                                                   handoff_tokens=0))["path"] == str(stored)
-    assert profiling.cached_costs(specs, profiling.ProfileOptions(max_fed=5, repeats=2, handoff_tokens=0)) is None
-    assert profiling.short_profile_prompts(specs) == profiling.SHORT_PROMPTS
-    profiling.store_costs(specs, profiling.SHORT_OPTIONS, a)
-    assert profiling.short_profile_prompts(specs) == profiling.SHORT_PROMPTS_WITH_COSTS > profiling.SHORT_PROMPTS
+    assert profiler.cached_costs(specs, profiler.ProfileOptions(max_fed=5, repeats=2, handoff_tokens=0)) is None
+    assert profiler.short_profile_prompts(specs) == profiler.SHORT_PROMPTS
+    profiler.store_costs(specs, profiler.SHORT_OPTIONS, a)
+    assert profiler.short_profile_prompts(specs) == profiler.SHORT_PROMPTS_WITH_COSTS > profiler.SHORT_PROMPTS
 
 
 def test_a_model_free_first_stage_proposes_a_whole_run_at_once():

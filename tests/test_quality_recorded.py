@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.conf import compose
-from experiments.config import RunConfig
+from experiments.compose import compose
+from experiments.run_config import RunConfig
 from experiments.data import load_dataset
 from experiments.data.quality import PASS_AT_1, CodeExecutionWarning, MetricError, QualitySetup, quality_setup
 from experiments.score import main as score_main

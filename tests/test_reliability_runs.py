@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from pipespec.api import Pipeline
-from experiments.conf import CONF_MODULE
+from experiments.compose import CONF_MODULE
 from pipespec.errors import StageError
 from pipespec.faults import FaultPlan
 from experiments.reliability import processes_gone

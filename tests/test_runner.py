@@ -15,7 +15,7 @@ import psutil
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.conf import CONF_MODULE, options
+from experiments.compose import CONF_MODULE, options
 from analysis.rundir import (
     RunStore,
     ResultsError,
@@ -62,7 +62,7 @@ def sweep_overrides(cfg) -> list[list[str]]:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_plans(experiment, capsys):
-    from experiments.config import RunConfig
+    from experiments.run_config import RunConfig
     from experiments.run import plan
 
     with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):

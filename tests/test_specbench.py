@@ -22,7 +22,7 @@ from analysis.specbench import (
     speed_report,
     target_accept_lengths,
 )
-from experiments.conf import load as load_conf
+from experiments.compose import load as load_conf
 from experiments.data import DataError, load_dataset
 from experiments.data.loaders import QuestionFormatError
 from experiments.data.spec_bench import (

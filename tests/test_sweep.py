@@ -182,7 +182,7 @@ def test_a_configuration_on_some_of_the_stages_runs_on_those_alone(tmp_path):
     """`stages` in an entry: the configuration runs on those stages of the started pipeline (a k = 3 hierarchy
     without its middle stage here), named so, beside the same configuration on every stage; every stage listed
     is the configuration without the key. In this process: a pipeline start, no new interpreter."""
-    from experiments.conf import compose
+    from experiments.compose import compose
     from experiments.sweep import run_sweep
 
     configurations = ("configurations=[{strategy: pipespec, lookahead: 1, max_lead: 4}, {strategy: pipespec, lookahead: 1, "

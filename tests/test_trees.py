@@ -373,7 +373,7 @@ def _tree_profile(tree_runs: bool = True, costs=T_N) -> dict:
     """A profile of suffix -> target (a short suffix match: its longest match has several continuations)
     along a continuation that goes one of three ways at random after each "7 8 9", measured with the
     profiling code: the chain finds one way, a large enough tree all three."""
-    from experiments.profiling import acceptance_by_position, measure_trees, proposal_runs
+    from experiments.profiler_acceptance import acceptance_by_position, measure_trees, proposal_runs
 
     prompt = [1, 2, 3] + [7, 8, 9, 10] + [3] + [7, 8, 9, 11] + [3] + [7, 8, 9, 12] + [3]
     branches = np.random.default_rng(0).integers(10, 13, 13)  # which of three ways each block goes: no pattern
@@ -441,7 +441,7 @@ def test_a_profile_measures_each_tree_s_most_likely_path_and_how_much_of_it_is_k
     cap above a tree's depth the chain a pipeline's verifier checks off the tree's root reaches into the
     drafter's next proposals: longer verifications at max_lead 16 than at 4. The reader refuses paths
     without their kept counts, or kept counts above them."""
-    from experiments.profiling import acceptance_by_position, measure_trees, proposal_runs
+    from experiments.profiler_acceptance import acceptance_by_position, measure_trees, proposal_runs
 
     raw = _tree_profile()
     for entry in raw["pairs"][0]["tree_runs"]:

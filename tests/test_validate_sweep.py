@@ -597,7 +597,7 @@ def test_acceptance_standard_error_from_the_prompt_to_prompt_spread():
     """Three continuations, two draft positions. The walk offers (offered, accepted) at position 1: (2, 1),
     (4, 0), (2, 2); at position 2: (1, 1), -, (2, 0). The ratio estimator's cluster standard error is
     sqrt(C / (C - 1) * sum (a - r o)^2) / sum o."""
-    from experiments.profiling import acceptance_by_position
+    from experiments.profiler_acceptance import acceptance_by_position
 
     runs = [[2, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
     walk = [pf.walk_counts(r, None, 2) for r in runs]

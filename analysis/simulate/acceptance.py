@@ -121,7 +121,7 @@ class _ByPositionSampler(Sampler):
 @dataclass(frozen=True)
 class AlongContinuations:
     """Acceptance read off real continuations instead of drawn: ``runs[c][j]`` is how many drafts in a row
-    the drafter gets right from output position j of continuation c (`experiments.profiling`: its greedy
+    the drafter gets right from output position j of continuation c (`experiments.profiler_acceptance`: its greedy
     drafts along the verifier's greedy continuation of a profile prompt). A verification of ``offered``
     drafts starting at position j accepts min(offered, runs[c][j]), so easy and hard stretches of a text
     come as they came (drawing each verification independently from the rates by position spreads
@@ -195,7 +195,7 @@ class TreeContinuations(AlongContinuations):
     """A verifier checking a model-free drafter's token trees (`tree_nodes` > 0), read off real
     continuations like ``AlongContinuations``: ``runs[c][j]`` is how deep the branch along continuation c
     goes in the tree the drafter proposes at its position j (the drafts a tree verification keeps there),
-    ``nodes[c][j]`` how many nodes that tree holds (`experiments.profiling.tree_runs`). A tree verification
+    ``nodes[c][j]`` how many nodes that tree holds (`experiments.profiler_acceptance.tree_runs`). A tree verification
     at position j (the verifier's buffer ends at the drafter's tree root) keeps min(offered, runs[c][j]) and
     feeds the tree's nodes[c][j] nodes (a chain's ``offered`` where the measured tree was empty), so it costs
     t(uncached + nodes). The node counts are those measured at the profile's proposal depth; a verifier

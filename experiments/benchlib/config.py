@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from experiments.conf import options
+from experiments.compose import options
 from pipespec.errors import ConfigError
 from pipespec.specs import KERNELS
 from pipespec.schedule import check_options
@@ -160,7 +160,7 @@ def check_system_options(cfg: Mapping, systems: Sequence[str]) -> dict[str, dict
 
 def check_datasets(cfg: Mapping) -> list[str]:
     """`datasets`: the datasets one invocation covers (null: the composed `dataset` alone)."""
-    from experiments.conf import options as group_options
+    from experiments.compose import options as group_options
 
     names = cfg.get("datasets")
     if names is None or cfg.get("random_prompt_length"):
