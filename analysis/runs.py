@@ -1,7 +1,7 @@
 """Run directories as analysis sees them: ``Run`` objects with lazily read samples and traces (no torch).
 
 The files of a run directory (config.yaml, env.json, samples.jsonl,
-traces/NNNNN.json.gz, summary.json) are described, written, read and validated
+traces/NNNNN.json.gz or a sweep's packed traces, summary.json) are described, written, read and validated
 in ``analysis.rundir`` only; this module adds what analysis needs on top:
 
 - ``Run``: a run's summary, config and env, its samples (``analysis.rundir.read_records``:
@@ -28,6 +28,7 @@ from analysis.rundir import (
     TRACES,
     ResultsError,
     find_run_dirs,
+    has_packed_traces,
     is_run_dir,
     pick_reference,
     read_config,
@@ -177,7 +178,9 @@ class Run:
         return self._samples
 
     def has_traces(self) -> bool:
-        return (self.path / TRACES).is_dir() and any((self.path / TRACES).glob("*.json.gz"))
+        """Loose traces/ files, or traces packed into the run's or its sweep's archive (`analysis.rundir.packed`)."""
+        return ((self.path / TRACES).is_dir() and any((self.path / TRACES).glob("*.json.gz"))) \
+            or has_packed_traces(self.path)
 
     def traces(self, position: int) -> list[StageTrace]:
         """Stage traces of the sample at ``position`` in samples.jsonl (stage order, smallest first)."""

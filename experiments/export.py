@@ -27,6 +27,7 @@ from analysis.rundir import (
     acceptance_mode,
     atomic_write_text,
     find_run_dirs,
+    has_trace,
     pick_reference,
     read_config,
     read_records,
@@ -61,7 +62,7 @@ class SpecBenchRun:
         lines = []
         for record in self.records:
             where = f"{self.path} sample {record['sample_id']}"
-            if not trace_path(self.path, record["index"]).exists():
+            if not has_trace(self.path, record["index"]):
                 raise ResultsError(f"{where}: no trace ({trace_path(self.path, record['index']).name}); "
                                    "the export needs the target's steps")  # fmt: skip
             question_id, category = label(record)

@@ -40,7 +40,7 @@ from analysis.paired import (REFERENCE, configuration_name, format_table, paired
 from pipespec.errors import ConfigError, StageError  # noqa: E402
 from analysis.predict import sample_cost  # noqa: E402
 from analysis.profile import ProfileError, load_profile  # noqa: E402
-from analysis.rundir import (CONFIG, ResultsError, SAMPLES, SUMMARY, atomic_write_json, atomic_write_text,
+from analysis.rundir import (ARCHIVE, CONFIG, ResultsError, SAMPLES, SUMMARY, atomic_write_json, atomic_write_text,
                              read_config, refresh_reference, summarize_run)  # noqa: E402
 from experiments.data import DataError, build_prompt_ids, load_dataset, render_prompt_text  # noqa: E402
 from experiments.hierarchies import resolve_stages  # noqa: E402
@@ -210,17 +210,28 @@ def check_run_dir(cfg: Mapping[str, Any], out_dir: str | Path, names: Sequence[s
     """Whether `out_dir` may take this sweep, checked before anything is written there (Hydra's `.hydra/` files
     too: `experiments.callbacks.CheckRunDirectory` calls it first): a sweep that holds results only with
     resume=true, and resumed only as it started: its configurations (`names`; None: those of `cfg`) and its
-    settings (`check_same_settings`). A `ConfigError` naming what differs."""
+    settings (`check_same_settings`), and with its traces loose (`check_unpacked`). A `ConfigError` naming what
+    differs."""
     out_dir = Path(out_dir)
     if not cfg["resume"]:
         if any(p.stat().st_size for p in out_dir.glob(f"*/{SAMPLES}")):
             raise ConfigError(f"{out_dir} already holds a sweep's results: resume=true continues it, or choose "
                               "another hydra.run.dir")  # fmt: skip
         return
+    check_unpacked(out_dir)
     if names is None:
         names = [c.name for c in sweep_configurations(cfg)[1]]
     check_same_configurations(out_dir, names)
     check_same_settings(out_dir, cfg)
+
+
+def check_unpacked(out_dir: Path) -> None:
+    """A sweep whose traces were packed into one archive (`python -m analysis.rundir.archive pack`) resumes only
+    with them unpacked: a `ConfigError` naming the command that unpacks them."""
+    packed = [p for p in (out_dir / ARCHIVE, *sorted(out_dir.glob(f"*/{ARCHIVE}"))) if p.is_file()]
+    if packed:
+        raise ConfigError(f"{packed[0]} holds the sweep's traces packed: python -m analysis.rundir.archive unpack "
+                          f"{packed[0].parent} restores them, then resume=true continues the sweep")  # fmt: skip
 
 
 def measured_settings(config: Mapping[str, Any]) -> dict[str, Any]:

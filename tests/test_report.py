@@ -18,6 +18,7 @@ from analysis import closed_forms as cf
 from analysis import paper_model as pm
 from analysis import report, report_model, report_tables
 from analysis.report_traces import PairReading, prompt_interval
+from analysis.rundir.archive import copy_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "results" / "validation_paired" / "smollm2_int8_fp32" / "humaneval"
@@ -31,11 +32,12 @@ def _call(*args, timeout=300):
 
 
 def _copy_validation(into: Path, configurations=KEPT) -> Path:
-    """A paired validation with the committed profile and a few of the committed sweep's runs."""
+    """A paired validation with the committed profile and a few of the committed sweep's runs (their traces
+    loose, wherever the committed sweep keeps them: `analysis.rundir.archive.copy_run`)."""
     (into / "profile").mkdir(parents=True)
     shutil.copy(SOURCE / "profile" / "profile.json", into / "profile" / "profile.json")
     for name in configurations:
-        shutil.copytree(SOURCE / "sweep" / name, into / "sweep" / name)
+        copy_run(SOURCE / "sweep" / name, into / "sweep" / name)
     return into
 
 

@@ -2,7 +2,9 @@
 line that is not complete JSON (a run killed while writing it) is dropped when the run is resumed
 (`RunStore`), so a resumed run holds each requested sample exactly once; summary.json is rewritten
 atomically under its lock (`summary_lock`). This is the only reader of these files: every reader raises
-`ResultsError`, one line naming the file or directory. docs/experiments.md, docs/analysis.md.
+`ResultsError`, one line naming the file or directory. A finished sweep's traces may be packed into one
+archive per sweep: `read_trace` and `has_trace` find them there too (`analysis.rundir.packed`).
+docs/experiments.md, docs/analysis.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 
+from analysis.rundir.errors import ResultsError
+from analysis.rundir.packed import archives_of, has_packed_trace, packed_trace
+
 
 SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
@@ -39,10 +44,6 @@ SUMMARY_KEYS = (
 MAX_SEARCH_DEPTH = 4  # multirun folders nest run dirs one or two levels deep; do not crawl whole disks
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-
-
-class ResultsError(ValueError):
-    """A results directory is missing, corrupt, foreign or inconsistent; the message names it."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -165,7 +166,14 @@ def read_records(run_dir: Path) -> tuple[list[dict], int]:
 
 
 def trace_path(run_dir: Path, index: int) -> Path:
+    """Where a run writes sample `index`'s trace; a finished sweep's may be packed instead (`has_trace`)."""
     return Path(run_dir) / TRACES / f"{int(index):05d}.json.gz"
+
+
+def has_trace(run_dir: Path, index: int) -> bool:
+    """Whether sample `index` has a trace: its loose file, or a member of the run's or its sweep's archive
+    (`analysis.rundir.packed`)."""
+    return trace_path(run_dir, index).exists() or has_packed_trace(run_dir, index)
 
 
 class RunStore:
@@ -220,16 +228,27 @@ class RunStore:
 
 
 def read_trace(run_dir: Path, index: int) -> dict:
-    """traces/NNNNN.json.gz of sample `index`: {"sample_id", "index", "stages": [StageTrace.to_dict(), ...]}."""
+    """traces/NNNNN.json.gz of sample `index`: {"sample_id", "index", "stages": [StageTrace.to_dict(), ...]}; where
+    there is no such file, the member of an archive the run's traces were packed into (`analysis.rundir.packed`)."""
     path = trace_path(run_dir, index)
-    data = _read_bytes(path)
+    if not path.exists():
+        packed = packed_trace(run_dir, index)
+        if packed is not None:
+            return _checked_trace(*packed, gzipped=False)
+        archives = archives_of(run_dir)
+        if archives:
+            raise ResultsError(f"{path}: missing (and not in {', '.join(str(a) for a, _ in archives)})")
+    return _checked_trace(str(path), _read_bytes(path), gzipped=True)
+
+
+def _checked_trace(where: str, data: bytes, gzipped: bool) -> dict:
     try:
-        trace = json.loads(gzip.decompress(data))
+        trace = json.loads(gzip.decompress(data) if gzipped else data)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError):
-        raise ResultsError(f"{path}: corrupt trace (not gzip JSON)") from None
+        raise ResultsError(f"{where}: corrupt trace (not {'gzip ' if gzipped else ''}JSON)") from None
     stages = trace.get("stages") if isinstance(trace, dict) else None
     if not isinstance(stages, list) or not stages:
-        raise ResultsError(f"{path}: trace without a 'stages' list")
+        raise ResultsError(f"{where}: trace without a 'stages' list")
     return trace
 
 

@@ -5,14 +5,18 @@ mean over prompts of each prompt's mean log ratio (`analysis.paired`, the sweeps
 a bootstrap over prompts, and the worst prompt the one whose mean ratio is lowest.
 
     python -m experiments.benchlib.intervals RUN_DIR [--base hf_greedy]   # a committed bench's runs.json, re-read
+
+(a committed bench keeps runs.json gzipped, as runs.json.gz: `read_runs` reads either).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
@@ -79,6 +83,17 @@ def systems_from_runs(records: Sequence[Mapping[str, Any]]) -> list[SimpleNamesp
     return list(systems.values())
 
 
+def read_runs(run_dir: Path) -> list[dict] | None:
+    """A bench folder's runs.json records, or those of its runs.json.gz (a committed bench's, gzipped by
+    `python -m analysis.rundir.archive gzip-runs`); None where it holds neither."""
+    for name in ("runs.json", "runs.json.gz"):
+        path = Path(run_dir) / name
+        if path.is_file():
+            data = path.read_bytes()
+            return json.loads(gzip.decompress(data) if name.endswith(".gz") else data)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.benchlib.intervals",
                                      description="Paired ratios, 95%% intervals over prompts and the worst prompt "
@@ -87,12 +102,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", default=None, help="the base system (default: the run's fastest HF greedy)")
     args = parser.parse_args(argv)
     runs, report = args.run_dir / "runs.json", args.run_dir / "bench.json"
-    if not runs.is_file():
-        print(f"error: {runs} not found: a bench folder written by python -m experiments.bench holds it",
-              file=sys.stderr)
+    try:
+        records = read_runs(args.run_dir)
+    except (OSError, EOFError, zlib.error, ValueError) as error:  # ValueError: not JSON, not UTF-8
+        print(f"error: {args.run_dir}: cannot read its runs ({str(error).splitlines()[0] if str(error) else 'empty'})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if records is None:
+        print(f"error: {runs} not found (nor runs.json.gz): a bench folder written by python -m experiments.bench "
+              "holds it", file=sys.stderr)  # fmt: skip
         return 2
     base = args.base or (json.loads(report.read_text()).get("hf_greedy_reference") if report.is_file() else None)
-    fields = paired_ratio_fields(systems_from_runs(json.loads(runs.read_text())), base or "hf_greedy")
+    fields = paired_ratio_fields(systems_from_runs(records), base or "hf_greedy")
     if not fields:
         print(f"error: the base system {base or 'hf_greedy'!r} has no runs in {runs} (--base names another)",
               file=sys.stderr)
