@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -34,50 +34,21 @@ from pipespec.errors import ConfigError
 from pipespec.hierarchy import check_hierarchy
 from experiments.machine import stage_identity
 from pipespec.specs import StageSpec
-from analysis.learn import Observed, next_configuration
 from analysis.predict import sweep
 from analysis.profile import ProfileError, VERSION, load_profile, mismatches, this_machine
 from analysis.rundir import atomic_write_json
+from experiments.auto_choice import AutoChoice, check_auto_options, chosen_specs  # their home; re-exported here
 from experiments.compose import load
 from experiments.data import prompts_for
 from experiments.profiler import (SHORT_OPTIONS, SHORT_PROMPTS, SHORT_PROMPTS_WITH_COSTS, measure_profile,
                                   short_profile_prompts)
 from pipespec.cache import cache_root
 
+# analysis.learn (scipy) is imported where a learning AutoPipeline uses it: importing this module (the runner,
+# the bench) and choosing a configuration stay without scipy.
+
 RUNNERS_UP = 4  # candidates recorded beside the choice
 PREDICT_TOKENS = 128  # the generation length the ranking simulates
-
-
-@dataclass(frozen=True)
-class AutoChoice:
-    strategy: str
-    lookahead: int
-    max_lead: int
-    stages: tuple[int, ...]  # positions of the stages to run in the given hierarchy (greedy: the target)
-    predicted_tokens_per_s: float
-    runners_up: tuple[dict, ...]
-    reason: str
-    profile: str
-    tree_nodes: int = 0  # > 0: the first (model-free) stage proposes token trees of this size
-
-    def record(self) -> dict[str, Any]:
-        """What summary.json records under `auto` (`tree_nodes` only where it chose token trees)."""
-        chosen = {"strategy": self.strategy, "lookahead": self.lookahead, "max_lead": self.max_lead,
-                  "stages": list(self.stages), **({"tree_nodes": self.tree_nodes} if self.tree_nodes else {})}
-        return {"chosen": chosen, "predicted_tokens_per_s": self.predicted_tokens_per_s,
-                "runners_up": list(self.runners_up), "reason": self.reason, "profile": self.profile}  # fmt: skip
-
-    def specs(self, specs: Sequence[StageSpec]) -> tuple[StageSpec, ...]:
-        """The chosen stages of `specs` (the whole hierarchy), the first with the chosen `tree_nodes`."""
-        return chosen_specs(specs, self.stages, self.tree_nodes)
-
-
-def chosen_specs(specs: Sequence[StageSpec], stages: Sequence[int], tree_nodes: int = 0) -> tuple[StageSpec, ...]:
-    """The stages at positions `stages` of `specs`, the first proposing token trees of `tree_nodes` (> 0)."""
-    chosen = [specs[i] for i in stages]
-    if tree_nodes:
-        chosen[0] = replace(chosen[0], tree_nodes=tree_nodes)
-    return tuple(chosen)
 
 
 def _candidate(prediction) -> dict[str, Any]:
@@ -173,15 +144,6 @@ def choose(specs: Sequence[StageSpec], profile_path: str | Path | None, hierarch
     return choose_from_profile(profile_path, specs, hierarchy)
 
 
-def check_auto_options(draft_confidence: float, value_stop: float = 0.0) -> None:
-    if draft_confidence:
-        raise ConfigError(f"strategy auto cannot honour draft_confidence={draft_confidence!r}: its predictions have "
-                          "no model of a drafter's own confidence (leave it 0)")  # fmt: skip
-    if value_stop:
-        raise ConfigError(f"strategy auto cannot honour value_stop={value_stop!r}: its predictions have no model "
-                          "of a drafter stopping on its online estimates (leave it 0)")  # fmt: skip
-
-
 def choose_for_run(run, prompts) -> AutoChoice:
     """The runner's `strategy=auto`: the choice for `run` (an `experiments.run_config.RunConfig`: its stages,
     hierarchy and `strategy.profile`, a profile path or None for the cached short one), measuring a
@@ -256,6 +218,8 @@ class AutoPipeline(Pipeline):
         self.auto, self.learn = choice, learn
         self.decisions: list[dict[str, Any]] = []
         if learn:
+            from analysis.learn import Observed
+
             self.profile = load_profile(choice.profile)
             self.observed = Observed()
             self.configuration = dict(choice.record()["chosen"])  # with `tree_nodes` where it chose token trees
@@ -279,6 +243,8 @@ class AutoPipeline(Pipeline):
 
     def _learn_from(self, result, ran: dict[str, Any]) -> dict[str, Any]:
         """Fold the call's traces into the profile and decide the next configuration (`analysis.learn`)."""
+        from analysis.learn import next_configuration
+
         self.observed.add(self.profile, result.stages, result.stage_traces)
         trees = self.auto.tree_nodes  # the first stage's, fixed when it started: a configuration with it uses it
 

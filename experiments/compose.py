@@ -10,10 +10,14 @@ wheel and an editable install read the same tree.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from pipespec.errors import ConfigError
+
+# Hydra and OmegaConf are imported where the tree is read: importing this module (as `experiments.hierarchies`
+# and `experiments.auto` do, and through them a run's checks) imports neither.
 
 CONF_MODULE = "pipespec_conf"
 CONFIG_PATH = f"pkg://{CONF_MODULE}"
@@ -22,8 +26,6 @@ VERSION_BASE = "1.3"
 
 def conf_dir() -> Path:
     """The directory of the installed tree (for messages and tests)."""
-    import importlib.util
-
     spec = importlib.util.find_spec(CONF_MODULE)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"the configuration package {CONF_MODULE} is not installed: pip install -e .")

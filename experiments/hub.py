@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipespec.errors import ConfigError
+from pipespec.specs import is_local_path
+
+# huggingface_hub is imported where the cache or the token is read: a run that names nothing from the hub,
+# and every entry point's `default_offline()`, import none of it.
 
 SETTING = "hub.offline"
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # what an offline run sets
@@ -175,8 +179,6 @@ def hub_model_ids(stages: Sequence[Any]) -> list[str]:
 def is_hub_id(model: Any) -> bool:
     if not isinstance(model, str) or not model or model in LOCAL_MODEL_ALIASES or model.startswith("tiny:"):
         return False
-    from pipespec.specs import is_local_path
-
     return not is_local_path(model)
 
 

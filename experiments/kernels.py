@@ -44,11 +44,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import pipespec.compiled  # compile_forward looked up at each call (the tests replace it)
+from experiments.compose import compose
+from experiments.data import DataError
+from experiments.machine import machine_facts
 from pipespec.compiled import StillCompiling, compiled_graphs, graph_breaks
 from pipespec.compiled import warm_up as compiled_warm_up
+from pipespec.errors import ConfigError
+from pipespec.models import CausalLMRunner, check_shared_vocabulary, context_length, load_model
+
+# torch and the modules that import it (experiments.run_config, pipespec.exported, pipespec.kernels), and
+# experiments.profiler and .profiler_acceptance (numpy, through analysis), are imported where a comparison
+# runs: `--help` and a bad option import none of them.
 
 # offline or online: the composed config's `hub.offline`, resolved by RunConfig.from_config (experiments.hub)
 
@@ -86,17 +97,16 @@ def load_variant(spec, variant: str):
     """A runner of the stage's model as `variant` runs it: `exported` is the stage with `compile: true`
     (its package built, or loaded from the cache); `compile` the prepacked model compiled by torch.compile;
     `compile_unpacked` torch's model compiled with inductor's weight prepacking off."""
-    from pipespec.compiled import compile_forward
-    from pipespec.models import CausalLMRunner, load_model
-
     if variant == "exported":
         from pipespec.exported import compiled_runner
 
         return compiled_runner(replace(spec, compile=True))[0]
     if variant == "compile":
-        return CausalLMRunner(compile_forward(load_model(replace(spec, kernels="onednn", compile=False))))
+        model = pipespec.compiled.compile_forward(load_model(replace(spec, kernels="onednn", compile=False)))
+        return CausalLMRunner(model)
     if variant == "compile_unpacked":
-        model = compile_forward(load_model(replace(spec, kernels="torch", compile=False)), weight_prepack=False)
+        model = pipespec.compiled.compile_forward(load_model(replace(spec, kernels="torch", compile=False)),
+                                                  weight_prepack=False)
         return CausalLMRunner(model)
     return CausalLMRunner(load_model(replace(spec, kernels=variant, compile=False)))
 
@@ -146,8 +156,6 @@ def guarded(variant: str, failed: dict, action):
 
 def load_and_warm(spec, variants: tuple[str, ...], context: list[int], max_fed: int, failed: dict, log) -> tuple:
     """({variant: runner}, {variant: warm-up facts}) of the variants that load and warm up; `failed` gets the rest."""
-    import time
-
     runners, warm = {}, {}
     for variant in variants:
         started = time.perf_counter()
@@ -227,8 +235,6 @@ def compare_stage(spec, variants: tuple[str, ...], prompts: list, max_fed: int, 
 def compare(run, max_fed: int, repeats: int, log=print, variants: tuple[str, ...] = KERNELS_COMPARED) -> dict:
     """The report over every model stage of `run` (an `experiments.run_config.RunConfig`), on its prompts."""
     from pipespec.kernels import obstacle
-    from pipespec.models import check_shared_vocabulary, context_length
-    from experiments.machine import machine_facts
 
     specs = list(run.stages)
     found = run.prompts(check_shared_vocabulary(specs), context_length(run.target.model))
@@ -324,11 +330,6 @@ def format_markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.compose import compose
-    from experiments.run_config import RunConfig
-    from experiments.data import DataError
-    from pipespec.errors import ConfigError
-
     parser = argparse.ArgumentParser(prog="python -m experiments.kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--max-fed", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
@@ -346,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    from experiments.run_config import RunConfig  # torch: only once the arguments are good
+
     try:
         run = RunConfig.from_config(compose("config", args.overrides))
         report = compare(run, args.max_fed, args.repeats, log, variants)

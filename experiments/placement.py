@@ -25,8 +25,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from experiments.hierarchies import resolve_stages
 from pipespec.errors import ConfigError
 from pipespec.specs import MODEL_FREE_KINDS, StageSpec
+
+# torch is imported where the visible GPUs are counted (`visible_gpus`): importing this module, and placing
+# stages on named devices or a given GPU count (`auto:N`) in plan mode, import no torch.
 
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
               "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}  # fmt: skip
@@ -173,8 +177,6 @@ def place_stages(models: Mapping[str, Any], placement: Any = None, precision: An
     Each stage's options first (`StageSpec`, the error prefixed with the stage), then outside plan mode the
     GPUs named against the GPUs here, then `experiments.hierarchies.resolve_stages` (hub models, the local
     aliases, the devices' presence, the target's options)."""
-    from experiments.hierarchies import resolve_stages
-
     stages = models.get("stages")
     if not stages:
         raise ConfigError("models.stages is empty: list the stages, smallest drafter first, target last")

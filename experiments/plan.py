@@ -29,6 +29,9 @@ from typing import Sequence
 from experiments.architectures import NF4_BYTES_PER_WEIGHT, Shape, shape_for, shape_from_config
 from pipespec.specs import MODEL_FREE_KINDS, StageSpec, is_local_path
 
+# torch and transformers are imported where a local model is counted or a GPU's memory read: a plan from the
+# published shapes (`run.plan=true`) imports neither.
+
 GIB = 1024**3
 BYTES_PER_PARAM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}
 QUANTIZED_BYTES_PER_PARAM = {"int8-dynamic": 1.0, "nf4": NF4_BYTES_PER_WEIGHT}  # where the shape is not known

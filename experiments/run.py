@@ -14,21 +14,28 @@ turns known errors into one line.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 # Offline or online is each run's `hub.offline` setting, resolved by RunConfig.from_config (experiments.hub).
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.compose import CONFIG_PATH
+from experiments.data import DataError
+from experiments.plan import format_plan, plan_stages
+from pipespec.errors import ConfigError, StageError
+from pipespec.launch import LaunchEnv, under_torchrun
+
+# experiments.run_config and experiments.runner (torch) are imported in `main`, once Hydra has parsed the
+# command line: `--help`, `--cfg job`, a bad override and a stage rank's argument check import no torch.
 
 EMBEDDED_DEFAULT = ["-m", "strategy=greedy,auto"]
 
 
 def plan(run) -> None:
     """`run.plan=true`: the stages' placement and memory estimates of `run` (a `RunConfig`), nothing loaded."""
-    from experiments.plan import format_plan, plan_stages
-
     print(
         f"plan: {run.hierarchy} ({len(run.stages)} stages), strategy {run.call.strategy} "
         f"(lookahead {run.call.lookahead}), dataset {run.dataset['name']}, max_new_tokens {run.budget}"
@@ -38,11 +45,7 @@ def plan(run) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> dict | None:
-    from hydra.core.hydra_config import HydraConfig
-
     from experiments.run_config import RunConfig
-    from experiments.data import DataError
-    from pipespec.errors import ConfigError, StageError
     from experiments.runner import RunError, format_run, run_experiment
 
     try:
@@ -65,9 +68,6 @@ STAGE_RANK_OVERRIDES = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/jo
 
 def torchrun_arguments(argv: list[str], environ=None) -> list[str]:
     """The arguments of this rank: unchanged outside torchrun; a stage rank's Hydra writes no files."""
-    from pipespec.errors import ConfigError
-    from pipespec.launch import LaunchEnv, under_torchrun
-
     if not under_torchrun(environ):
         return argv
     if "-m" in argv or "--multirun" in argv:
@@ -80,10 +80,6 @@ LAUNCHER_PLUGINS = {"submitit_local": "cluster", "submitit_slurm": "cluster"}  #
 
 def check_launcher(argv: list[str]) -> None:
     """A hydra/launcher named on the command line whose plugin is not installed: name the extra to install."""
-    import importlib.util
-
-    from pipespec.errors import ConfigError
-
     for arg in argv:
         key, _, choice = arg.partition("=")
         if key.lstrip("+~") == "hydra/launcher" and choice in LAUNCHER_PLUGINS:
@@ -97,8 +93,6 @@ def check_launcher(argv: list[str]) -> None:
 
 
 def entry() -> None:
-    from pipespec.errors import ConfigError
-
     if len(sys.argv) == 1:
         print("no arguments: running the embedded default, " + " ".join(EMBEDDED_DEFAULT), file=sys.stderr)
         sys.argv += EMBEDDED_DEFAULT

@@ -17,15 +17,17 @@ from __future__ import annotations
 import copy
 import numbers
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from pipespec.errors import ConfigError
 from pipespec.options import CallOptions, check_timeout
 from pipespec.schedule import DEFAULT_MAX_LEAD, check_flag
 from pipespec.specs import StageSpec
-
-if TYPE_CHECKING:
-    from experiments.data import DatasetPrompts
+from experiments.auto_choice import check_auto_options, chosen_specs
+from experiments.data import DatasetPrompts, prompts_for
+from experiments.data.quality import quality_setup
+from experiments.hub import preflight
+from experiments.placement import place_stages
 
 FAMILIES = ("base", "chat")
 # config section -> {key as the user types it: the `CallOptions` field it sets}
@@ -134,8 +136,6 @@ def check_call(call: CallOptions, stages: tuple[StageSpec, ...]) -> None:
     chooses the strategy, lookahead, max_lead and stages itself, the options it leaves to the config are
     checked as any strategy's over the whole hierarchy."""
     if call.strategy == "auto":
-        from experiments.auto import check_auto_options
-
         check_auto_options(call.draft_confidence, call.value_stop)
         call = replace(call, strategy="pipespec" if len(stages) > 1 else "greedy", lookahead=0,
                        max_lead=DEFAULT_MAX_LEAD)  # fmt: skip
@@ -163,8 +163,6 @@ def check_profile(strategy: Mapping[str, Any]) -> str | None:
 def check_quality(dataset: Mapping[str, Any], options: RunOptions) -> None:
     """`dataset.metric` and the pass@1 settings, before any stage starts: an unknown metric id is a `MetricError`
     naming it whether or not the dataset has references (`experiments.data.quality.quality_setup`)."""
-    from experiments.data.quality import quality_setup
-
     quality_setup(dataset, options.execute_code)
 
 
@@ -188,9 +186,6 @@ class RunConfig:
         """Check every option of a composed `conf/config.yaml` (a plain mapping) and resolve the stages (the
         `tiny:` and `smollm2` aliases built; `placement` and `precision` applied and recorded in `raw`, where they
         change a stage: `experiments.placement`; under `run.plan`, GPUs this machine lacks accepted)."""
-        from experiments.placement import place_stages
-        from experiments.hub import preflight
-
         if not isinstance(config, Mapping):
             raise ConfigError(f"a run config must be a mapping, got {type(config).__name__}")
         options = RunOptions.from_config(config)
@@ -226,11 +221,9 @@ class RunConfig:
         return self.stages[-1]
 
     def chosen(self, choice) -> "RunConfig":
-        """This run at an `experiments.auto.AutoChoice`: its stages (the first with the chosen tree size),
+        """This run at an `experiments.auto_choice.AutoChoice`: its stages (the first with the chosen tree size),
         strategy, lookahead and max_lead."""
         call = replace(self.call, strategy=choice.strategy, lookahead=choice.lookahead, max_lead=choice.max_lead)
-        from experiments.auto import chosen_specs
-
         stages = chosen_specs(self.stages, choice.stages, getattr(choice, "tree_nodes", 0))
         return replace(self, stages=stages, call=call)
 
@@ -248,6 +241,4 @@ class RunConfig:
 
     def prompts(self, tokenizer, context_length: int | None) -> "DatasetPrompts":
         """The run's prompts (`experiments.data.prompts_for`): every sample of its dataset selection."""
-        from experiments.data import prompts_for
-
         return prompts_for(self.dataset, tokenizer, self.family, context_length, self.budget)

@@ -27,17 +27,22 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-from analysis.rundir import RunStore, ResultsError, refresh_reference, stage_stats, summarize_run
-from experiments.run_config import RunConfig
+from tqdm import tqdm
+
+import pipespec.api  # its stage server's start and stop looked up at each run (the tests replace them)
+from analysis.rundir import RunStore, ResultsError, read_config, refresh_reference, stage_stats, summarize_run
+from experiments.auto import AutoPipeline, choose_for_run
+from experiments.data import DatasetPrompts, Prompt, render_prompt_text
+from experiments.data.quality import QualitySetup, quality_setup
+from experiments.data.spec_bench import history_answer, record_fields, sample_turns, turn_prompt_ids, turn_prompt_text
 from experiments.machine import environment
+from experiments.run_config import RunConfig
+from pipespec.api import Pipeline
 from pipespec.gpu import GpuMonitor, sample_gpu_figures
+from pipespec.hierarchy import CheckedHierarchy, check_hierarchy
 from pipespec.stats import StageStats, pool
-
-if TYPE_CHECKING:
-    from experiments.data import DatasetPrompts, Prompt
-    from pipespec.hierarchy import CheckedHierarchy
 
 
 class RunError(RuntimeError):
@@ -54,8 +59,6 @@ def quality_of(sample, text: str, task: str, family: str, execute_code: bool, se
     """The output's quality as `setup` (an `experiments.data.quality.QualitySetup`: the run's dataset.metric)
     scores it; without one, by task: ROUGE F1 against the reference summary, or (with `execute_code`)
     whether the HumanEval tests pass."""
-    from experiments.data.quality import QualitySetup
-
     setup = setup or QualitySetup(TASK_METRICS.get(task), execute_code)
     return setup.score(sample, text, family)
 
@@ -63,8 +66,6 @@ def quality_of(sample, text: str, task: str, family: str, execute_code: bool, se
 def run_quality(run: RunConfig):
     """The run's scoring (`experiments.data.quality.quality_setup` of its dataset section; the metric module is
     loaded once per process)."""
-    from experiments.data.quality import quality_setup
-
     return quality_setup(run.dataset, run.options.execute_code)
 
 
@@ -109,8 +110,6 @@ def check_hydra_run_dir(cfg: Mapping[str, Any], run_dir: str | Path) -> None:
 def check_run_dir(run_dir: Path, config: Mapping[str, Any], resume: bool) -> None:
     """Whether `run_dir` may take a run of `config`: one holding results only with resume, and then only with
     the same config; a `RunError` naming what differs."""
-    from analysis.rundir import read_config
-
     existing = (run_dir / "samples.jsonl").exists()
     if existing and not resume:
         raise RunError(
@@ -132,8 +131,6 @@ def check_run_hierarchy(run: RunConfig) -> CheckedHierarchy:
     target's tokenizer, EOS ids and context length), for its prompts and its pipeline alike. The run's call
     options, planned against these stages by `RunConfig.from_config`, are recorded as planned (not under
     strategy auto, whose chosen configuration the pipeline plans)."""
-    from pipespec.hierarchy import check_hierarchy
-
     checked = check_hierarchy(run.stages)
     return checked if run.is_auto else checked.planned_with(run.call)
 
@@ -150,8 +147,6 @@ def prepare(run: RunConfig) -> tuple[RunConfig, DatasetPrompts, Any, CheckedHier
     prompts = run_prompts(run, checked)
     if not run.is_auto:
         return run, prompts, None, checked
-    from experiments.auto import choose_for_run
-
     choice = choose_for_run(run, prompts)
     return run.chosen(choice), prompts, choice, checked
 
@@ -160,11 +155,8 @@ def make_pipeline(full: RunConfig, run: RunConfig, auto, checked: CheckedHierarc
     """The run's pipeline: at auto's choice (`run`), or, when auto learns, every stage of the hierarchy
     (`full`) with the choice as the first call's configuration (`experiments.auto.AutoPipeline`). `checked`:
     the hierarchy's checks (`check_run_hierarchy`), which the pipeline then does not repeat."""
-    from pipespec.api import Pipeline
-
     if auto is None or not full.learn:
         return Pipeline(list(run.stages), checked=checked, **run.pipeline_options())
-    from experiments.auto import AutoPipeline
 
     options = {k: v for k, v in run.pipeline_options().items() if k not in ("strategy", "lookahead", "max_lead")}
     return AutoPipeline(list(full.stages), choice=auto, learn=True, checked=checked, **options)
@@ -172,9 +164,6 @@ def make_pipeline(full: RunConfig, run: RunConfig, auto, checked: CheckedHierarc
 
 def run_sample(pipe, run: RunConfig, prompt: Prompt, task: str) -> tuple[dict, dict]:
     """Generate one sample (each turn of a multi-turn question in turn): its record (samples.jsonl) and trace."""
-    from experiments.data import render_prompt_text
-    from experiments.data.spec_bench import record_fields, sample_turns
-
     if len(sample_turns(prompt.sample)) > 1:
         return run_conversation(pipe, run, prompt)
     result = pipe.generate(prompt.ids, run.budget, seed=run.call.seed + prompt.index)
@@ -191,8 +180,6 @@ def run_conversation(pipe, run: RunConfig, prompt: Prompt) -> tuple[dict, dict]:
     earlier turns and the model's own answers. The record's top-level figures are the turns' totals (output ids
     and margins concatenated, stage counts pooled), with each turn's own under `turns`; the trace holds turn 0's
     stages at the top (the format's required list) and every turn's under `turns`."""
-    from experiments.data.spec_bench import history_answer, record_fields, sample_turns, turn_prompt_ids, turn_prompt_text
-
     sample, answers, results, texts = prompt.sample, [], [], []
     for turn in range(len(sample_turns(sample))):
         ids, truncated = (prompt.ids, prompt.truncated) if turn == 0 else turn_prompt_ids(
@@ -231,25 +218,21 @@ def _conversation_record(prompt: Prompt, texts: list[str], results: list) -> dic
 def run_experiment(config: RunConfig | Mapping[str, Any], run_dir: str | Path,
                    progress: bool | None = None) -> dict[str, Any]:  # fmt: skip
     """Run `config` (a `RunConfig`, or the composed dict it is made from) into `run_dir`; the summary."""
-    from tqdm import tqdm
-
-    from pipespec.api import stop_stage_server, warm_stage_server
-
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     run_dir = Path(run_dir)
     progress = run.options.progress if progress is None else progress
-    started_server = warm_stage_server()  # the stage processes' imports run while the prompts are prepared
+    started_server = pipespec.api.warm_stage_server()  # the stage processes' imports run while the prompts are prepared
     try:  # every check (options, vocabularies, prompt lengths) runs before anything is written
         full, (run, prompts, auto, checked) = run, prepare(run)
         pipe = make_pipeline(full, run, auto, checked)
         store = open_store(run_dir, run.raw, run.options.resume)
     except BaseException:
         if started_server:
-            stop_stage_server()
+            pipespec.api.stop_stage_server()
         raise
     todo = [p for p in prompts.prompts if p.sample_id not in store.finished_ids]
     if not todo and started_server:  # a finished run resumed: no stage starts, so no server to keep importing
-        stop_stage_server()
+        pipespec.api.stop_stage_server()
     if todo:  # a finished run resumed measures nothing: its config and environment stay as they were
         store.write_config(run.raw)
         store.write_env(environment(list(pipe.specs)))

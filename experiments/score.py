@@ -36,7 +36,7 @@ from analysis.rundir import (  # noqa: E402
     read_config,
     summary_lock,
 )
-from experiments.data import DataError  # noqa: E402
+from experiments.data import DataError, load_dataset  # noqa: E402
 from experiments.data.quality import DEFAULT_TIMEOUT_S, CodeExecutionWarning, QualitySetup, quality_setup  # noqa: E402
 
 QUALITY_FIELDS = ("quality", "quality_metric")  # what scoring writes; every other field is left as it was
@@ -54,8 +54,6 @@ def prompt_id(record: Mapping[str, Any]) -> str:
 
 def dataset_samples(dataset: Mapping[str, Any]) -> dict[str, Any]:
     """Every sample of the run's dataset by id (the whole file: a run's selection is a subset of it)."""
-    from experiments.data import load_dataset
-
     return {s.sample_id: s for s in load_dataset({**dataset, "n_samples": None, "seed": None, "ids": None})}
 
 

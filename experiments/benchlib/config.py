@@ -6,9 +6,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from experiments.compose import options
+from experiments.data import prompts_for
+from experiments.hierarchies import resolve_stages
+from experiments.tiny import random_prompts
 from pipespec.errors import ConfigError
 from pipespec.specs import KERNELS
-from pipespec.schedule import check_options
+from pipespec.schedule import check_cascade, check_options
+
+# experiments.benchlib.hf (torch) is imported where the options are checked (`check_config`): the bench's
+# command-line check (`check_group_overrides`) and the modules that read these names import no torch.
 
 HF_SYSTEMS = ("hf_greedy", "hf_compiled", "hf_assisted", "hf_prompt_lookup")
 HF_GREEDY_SYSTEMS = ("hf_greedy", "hf_compiled")  # the headline ratios are against the faster of the two
@@ -129,8 +135,6 @@ def is_pipespec(system: str) -> bool:
 
 def check_system_options(cfg: Mapping, systems: Sequence[str]) -> dict[str, dict[str, Any]]:
     """`system_options`: per pipespec system, strategy settings over `pipespec`'s (e.g. a lookahead of its own)."""
-    from pipespec.schedule import check_cascade
-
     given = cfg.get("system_options") or []
     if not isinstance(given, (list, tuple)) or not all(isinstance(e, Mapping) and "system" in e for e in given):
         raise BenchConfigError(f"system_options must be a list of {{system: NAME, SETTING: VALUE, ...}}, got {given!r}")
@@ -160,16 +164,14 @@ def check_system_options(cfg: Mapping, systems: Sequence[str]) -> dict[str, dict
 
 def check_datasets(cfg: Mapping) -> list[str]:
     """`datasets`: the datasets one invocation covers (null: the composed `dataset` alone)."""
-    from experiments.compose import options as group_options
-
     names = cfg.get("datasets")
     if names is None or cfg.get("random_prompt_length"):
         return []
     if not isinstance(names, (list, tuple)) or not names or len(set(names)) != len(names):
         raise BenchConfigError(f"datasets must be null or a list of distinct dataset names, got {names!r}")
-    unknown = [n for n in names if n not in group_options("dataset")]
+    unknown = [n for n in names if n not in options("dataset")]
     if unknown:
-        raise BenchConfigError(f"unknown dataset(s) {unknown} in datasets; available: {group_options('dataset')}")
+        raise BenchConfigError(f"unknown dataset(s) {unknown} in datasets; available: {options('dataset')}")
     by_dataset = cfg.get("targets_by_dataset") or {}
     if not isinstance(by_dataset, Mapping) or set(by_dataset) - set(names):
         raise BenchConfigError(f"targets_by_dataset must map some of {list(names)} to targets, got {by_dataset!r}")
@@ -256,8 +258,6 @@ class Hierarchy:
 
 def resolve_hierarchy(key: str, node: Mapping[str, Any]) -> Hierarchy:
     """A composed `models` node (name, family, stages) as resolved stage specs."""
-    from experiments.hierarchies import resolve_stages
-
     try:
         specs = resolve_stages(node.get("stages") or [])
     except ConfigError as error:
@@ -272,11 +272,7 @@ def load_prompts(cfg: Mapping, tokenizer, context_length: int | None, family: st
     `random_prompt_length` is set."""
     n, max_new, offset = cfg["samples"], cfg["max_new_tokens"], cfg.get("prompt_offset") or 0
     if cfg.get("random_prompt_length"):
-        from experiments.tiny import random_prompts
-
         return random_prompts(n, length=cfg["random_prompt_length"], seed=0, vocab_size=len(tokenizer))
-    from experiments.data import prompts_for
-
     found = prompts_for(cfg["dataset"], tokenizer, family, context_length, max_new, count=n, offset=offset)
     if len(found.prompts) < n:
         raise BenchConfigError(f"dataset {found.name!r} has only {len(found.dataset.samples)} samples, "
