@@ -25,13 +25,30 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PIPESPEC_KERNELS", "torch")
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(items):
     """A test that needs one of its module's SLOW_FIXTURES (directly or through another fixture) is `slow`:
-    `pytest -m "not slow"` leaves it to the whole suite."""
+    `pytest -m "not slow"` leaves it to the whole suite. Once the other plugins have deselected and reordered,
+    the modules with the most slow tests come first (each module's tests together and in their order)."""
     for item in items:
         slow = getattr(getattr(item, "module", None), "SLOW_FIXTURES", ())
         if set(slow) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    result = yield
+    items[:] = slow_modules_first(items)
+    return result
+
+
+def slow_modules_first(items: list) -> list:
+    """`items` with whole modules reordered by their count of slow tests, most first (ties in collection order).
+    Under --dist loadgroup (scripts/test.sh) the xdist groups are sent out first, then the other tests one by
+    one in this order: the long tests start early and the short ones fill the end, so neither worker sits
+    idle while the other finishes a long test."""
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ranked = sorted(modules.values(), key=lambda tests: -sum(1 for t in tests if t.get_closest_marker("slow")))
+    return [item for tests in ranked for item in tests]
 
 
 @pytest.fixture(scope="session")

@@ -75,7 +75,9 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     assert refused.returncode == 2 and "resume=true" in refused.stderr.strip().splitlines()[-1]
     started = {p.name: p.read_text() for p in (copy / ".hydra").glob("*.yaml")}
     env = json.loads((copy / "sd_L2" / "env.json").read_text())
-    done = sweep(copy, CONFIGS, "resume=true")
+    # resumed in this process (the `swept` fixture ran the real command): no new interpreter to import torch
+    done = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={copy}", CONFIGS, "resume=true",
+                       function="main")
     assert done.returncode == 0, done.stderr[-3000:]
     records, dropped = read_records(copy / "sd_L2")
     assert dropped == 0 and len(records) == 4
@@ -92,7 +94,8 @@ def test_an_interrupted_sweep_resumes_without_measuring_anything_twice(swept, tm
     shutil.copytree(copy, moved)
     written = {p: p.read_bytes() for n in ("greedy", "sd_L2") for p in (moved / n).glob("*.*")
                if p.name in ("config.yaml", "summary.json", "env.json")}  # fmt: skip
-    again = sweep(moved, CONFIGS, "resume=true")  # nothing measured, nothing of its record rewritten
+    again = entry_point("experiments.sweep", *SWEEP_ARGS, f"hydra.run.dir={moved}", CONFIGS, "resume=true",
+                        function="main")  # nothing measured, nothing of its record rewritten
     assert again.returncode == 0 and "| sd_L2 |" in again.stdout and {p: p.read_bytes() for p in written} == written
     assert {p.name: p.read_text() for p in (moved / ".hydra" / "started").glob("*.yaml")} == started
 
