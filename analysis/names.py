@@ -158,3 +158,27 @@ def configuration_key(configuration: str) -> tuple:
 def dataset_name(dataset: str) -> str:
     """ "news_lee_cnndm" -> "news_lee (CNN/DM stand-in)": a stand-in is labelled as one wherever it appears."""
     return DATASET_NAMES.get(dataset, dataset)
+
+
+# The bench's baselines and anchors (experiments.bench), by system name; SD and PipeSpec rows are named by
+# `system_name` from their stages.
+BENCH_SYSTEM_NAMES = {
+    "hf_greedy": "HF greedy",
+    "hf_compiled": "HF greedy, compiled (static cache + torch.compile)",
+    "hf_assisted": "HF assisted generation (int8 -> fp32)",
+    "hf_prompt_lookup": "HF prompt lookup (fp32)",
+    "llamacpp_greedy": "llama.cpp greedy (f32 GGUF of the same weights)",
+    "llamacpp_prompt_lookup": "llama.cpp prompt lookup (f32 GGUF)",
+    "llamacpp_q4": "llama.cpp greedy (Q4_1 GGUF: other weights, a reference)",
+    "greedy": "greedy (fp32), ours",
+}
+
+
+def bench_system_name(name: str, strategy: str | None = None, stages: Sequence[str] | None = None) -> str:
+    """A bench row in words: "HF greedy", "llama.cpp greedy (f32 GGUF ...)", "SD k=2 (flat suffix -> ...)"."""
+    if name in BENCH_SYSTEM_NAMES:
+        return BENCH_SYSTEM_NAMES[name]
+    if strategy in ("sd", "pipespec") and stages:
+        return system_name(strategy, stages)
+    strategy_part, at, hierarchy = name.partition("@")
+    return system_name(strategy_part, hierarchy) if at and strategy_part in STRATEGY_NAMES else name

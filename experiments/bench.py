@@ -57,22 +57,26 @@ default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the ben
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from experiments.compose import CONFIG_PATH  # noqa: E402
+from experiments.compose import CONFIG_PATH, load  # noqa: E402
 
-from experiments.benchlib.config import check_config, check_group_overrides, load_prompts  # noqa: E402
+from experiments.benchlib.config import check_config, check_datasets, check_group_overrides, load_prompts  # noqa: E402
 from experiments.benchlib.report import format_markdown, prompt_source, summarize, write_outputs  # noqa: E402
 from experiments.benchlib.systems import Systems, resolve_setup  # noqa: E402
 from experiments.benchlib.timer import PeakRSS, alternate  # noqa: E402
-from pipespec.errors import ConfigError  # noqa: E402
+from experiments.data import DataError  # noqa: E402
+from experiments.profiler import SHORT_PROMPTS  # noqa: E402
+from pipespec.errors import ConfigError, StageError  # noqa: E402
+from pipespec.models import context_length, load_tokenizer  # noqa: E402
+
+# torch is imported where the bench runs (`run_bench`): `--help` and a bad option import none of it.
 
 
 def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     """Run the whole benchmark; write bench.json, bench.md and runs.json into out_dir; return the report."""
     import torch
-
-    from pipespec.models import context_length, load_tokenizer
 
     cfg = check_config(cfg)
     setup = resolve_setup(cfg)
@@ -97,6 +101,11 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         report["processes"] = processes
         report["skipped"] = dict(started.skipped)
         report["notes"] += [f"{name} not run: {why}" for name, why in started.skipped.items()]
+        graphs = started.recompiles()
+        if graphs is not None:
+            report["hf_compiled_graphs"] = graphs
+            report["notes"].append(f"hf_compiled: {graphs['graphs_before_timing']} graph(s) compiled before "
+                                   f"timing, {graphs['graphs_compiled_while_timed']} while timed (recompiles)")
     finally:
         rss.stop()
         if started is not None:
@@ -108,8 +117,6 @@ def run_bench(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
 def auto_profile_prompts(cfg: Mapping[str, Any], tokenizer, context: int | None, family: str) -> list | None:
     """The prompts `auto` measures its short profile on when it has no profile: the dataset's first ones
     (before `prompt_offset`'s timed prompts when the offset leaves room), so a news bench profiles news."""
-    from experiments.profiler import SHORT_PROMPTS
-
     if "auto" not in cfg["systems"] or cfg["auto"].get("profile") is not None:
         return None
     return load_prompts({**cfg, "samples": SHORT_PROMPTS, "prompt_offset": 0}, tokenizer, context, family)
@@ -128,9 +135,6 @@ def check_run_dir(cfg: Mapping[str, Any], out_dir: str | Path) -> None:
 def run_datasets(cfg: Mapping[str, Any], out_dir: Path) -> list[tuple[str, dict[str, Any]]]:
     """The whole benchmark once per dataset of `datasets` (each into out_dir/NAME, with its own
     `targets_by_dataset` on top of `targets`), or once on the composed `dataset` when it is null."""
-    from experiments.benchlib.config import check_datasets
-    from experiments.compose import load
-
     check_run_dir(cfg, out_dir)
     names = check_datasets(cfg)
     if not names:
@@ -153,11 +157,6 @@ def _fail(error: BaseException) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="bench")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    from experiments.data import DataError
-    from pipespec.errors import StageError
-
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:

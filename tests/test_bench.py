@@ -228,15 +228,37 @@ def test_a_compiled_hf_greedy_that_cannot_compile_is_left_out_with_its_reason():
     from experiments.benchlib.systems import System, Systems
 
     class NoCompiler:
-        def compile_warmup(self, prompt, max_new):
+        def compile_warmup(self, prompt, max_new, threads=None):
             raise CompileUnavailable("CalledProcessError: no C++ compiler")
 
     systems = Systems.__new__(Systems)
-    systems.hf, systems.skipped, systems.compile_s = NoCompiler(), {}, None
+    systems.hf, systems.skipped, systems.compile_s, systems.cfg = NoCompiler(), {}, None, {"hf": {"threads": [1, 2]}}
     built = [System(n, None, list) for n in ("hf_greedy", "hf_compiled", "greedy")]
     kept = systems.compile_hf(built, [1, 2, 3], 8)
     assert [s.name for s in kept] == ["hf_greedy", "greedy"]
     assert systems.skipped == {"hf_compiled": "cannot compile here: CalledProcessError: no C++ compiler"}
+
+
+def test_hf_compiled_is_compiled_at_every_thread_count_before_anything_is_timed():
+    """A changed thread count compiles again: each count the pre-pass times is compiled first, its seconds
+    recorded apart, so no timed call pays for a compile."""
+    from experiments.benchlib.systems import System, Systems
+
+    class Compiler:
+        def __init__(self):
+            self.threads = []
+
+        def compile_warmup(self, prompt, max_new, threads=None):
+            self.threads.append(threads)
+            return 10.0 * threads
+
+    systems = Systems.__new__(Systems)
+    systems.hf, systems.skipped, systems.compile_s, systems.cfg = Compiler(), {}, None, {"hf": {"threads": [1, 2]}}
+    built = [System(n, None, list) for n in ("hf_greedy", "hf_compiled")]
+    kept = systems.compile_hf(built, [1, 2, 3], 8)
+    assert systems.hf.threads == [1, 2] and [s.name for s in kept] == ["hf_greedy", "hf_compiled"]
+    assert kept[1].settings["compile_s_by_threads"] == {"1": 10.0, "2": 20.0} and kept[1].settings["compile_s"] == 30.0
+    assert systems.recompiles()["graphs_compiled_while_timed"] == 0
 
 
 def test_the_fastest_hf_greedy_is_every_headline_ratios_base():

@@ -321,3 +321,21 @@ def test_llamacpp_f32_matches_hf_greedy_or_near_ties():
             assert abs(margin) < 0.05, (index, margin)
     model.close()
     lookup.close()
+
+
+@pytest.mark.slow
+def test_llamacpp_prompt_lookup_takes_a_prompt_longer_than_one_batch():
+    """llama.cpp's prompt lookup keeps every position's logits; a prompt over its batch (512 tokens) once
+    overflowed the buffer llama-cpp-python sized for one batch (a news_lee prompt of 644 tokens)."""
+    reason = llamacpp.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    hf_dir, _ = _prepared()
+    from pipespec.models import eos_token_ids
+
+    lookup = llamacpp.LlamaCppModel(llamacpp.ensure_f32_gguf(quiet=True), eos_token_ids(str(hf_dir)), 1024, "f32", 1,
+                                    {"max_matching_ngram_size": 3, "prompt_lookup_num_tokens": 8})  # fmt: skip
+    prompt = [(17 * i) % 5000 + 100 for i in range(600)]
+    result = lookup.generate(prompt, 4, threads=1)
+    assert len(result.tokens) == 4 and sum(result.target_fed) >= len(prompt)
+    lookup.close()

@@ -51,6 +51,13 @@ from pipespec.stats import StageStats
 MODES = ("greedy", "assisted", "prompt_lookup", "compiled")
 
 
+def compiled_graphs() -> int:
+    """The graphs dynamo has compiled in this process so far (its `unique_graphs` counter; 0 before any)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 class CompileUnavailable(RuntimeError):
     """The compiled HF path cannot run on this machine (no compiler, an inductor error); the message says why."""
 

@@ -251,8 +251,10 @@ class LlamaCppModel:
 
             draft = TimedLookup()
         kv = KV_TYPES[kv_type]
+        # a draft model makes llama-cpp-python keep every position's logits, but it sizes that buffer by the
+        # `logits_all` argument (n_batch rows without it): a prompt over n_batch tokens overflowed it
         self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, type_k=kv,
-                         type_v=kv, draft_model=draft, seed=0, verbose=False)  # fmt: skip
+                         type_v=kv, draft_model=draft, logits_all=draft is not None, seed=0, verbose=False)  # fmt: skip
         evaluate = self.llm.eval
 
         def metered(tokens):  # every forward: the tokens fed and its seconds (the target's steps)

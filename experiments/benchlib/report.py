@@ -129,16 +129,17 @@ def analyse_pipeline_runs(runs: Sequence, n_stages: int, names: Sequence[str]) -
     }
 
 
-def analyse_hf_runs(runs: Sequence) -> dict[str, Any]:
+def analyse_hf_runs(runs: Sequence, engine: str = "HF") -> dict[str, Any]:
+    """The breakdown of runs made in the driver process by `engine` (HF generate, or llama.cpp)."""
     total_tokens = sum(len(r.tokens) for r in runs)
     per_token = (lambda seconds: 1000.0 * seconds / total_tokens) if total_tokens else (lambda seconds: None)
     target = pool(r.target_stats() for r in runs)
     draft = sum(r.draft_time_s for r in runs)
     return {
         "stages": [
-            {"stage": "driver: HF target forwards", "compute_ms_per_token": per_token(target.busy_s),
+            {"stage": f"driver: {engine} target forwards", "compute_ms_per_token": per_token(target.busy_s),
              "steps": target.steps},
-            {"stage": "driver: HF assistant forwards", "compute_ms_per_token": per_token(draft),
+            {"stage": f"driver: {engine} draft forwards", "compute_ms_per_token": per_token(draft),
              "steps": sum(r.draft_calls for r in runs)},
         ],
         "target": target,
@@ -222,7 +223,7 @@ def _breakdown_fields(system, tokens: int, pooled_rate: float) -> dict[str, Any]
     per-stage breakdown and (pipelines of 3 or more stages) each verifying stage's acceptance."""
     results = [r for _, _, r in system.runs]
     if system.kind == "hf":
-        breakdown, bound = analyse_hf_runs(results), None
+        breakdown, bound = analyse_hf_runs(results, "llama.cpp" if system.hierarchy == "llama.cpp" else "HF"), None
     else:
         breakdown = analyse_pipeline_runs(results, len(system.stages), system.stages)
         bound = breakdown["ideal"]["tokens_per_s"]

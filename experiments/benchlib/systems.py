@@ -139,6 +139,7 @@ class Systems:
         self.threads: dict[str, int] = {}  # per HF system and our greedy: the thread count its pre-pass chose
         self.skipped: dict[str, str] = {}  # systems left out, and why (hf_compiled where it cannot compile)
         self.compile_s: float | None = None
+        self.graphs_before_timing: int | None = None  # dynamo's graphs once hf_compiled is compiled
         try:
             self._start_pipelines(Pipeline, AutoPipeline, profile_prompts)
             if set(HF_SYSTEMS) & set(self.wanted):
@@ -333,21 +334,39 @@ class Systems:
                     system.stages = list(self.greedy_pipe(candidates[best]).names)
 
     def compile_hf(self, systems: list[System], prompt: list[int], max_new: int) -> list[System]:
-        """Compile hf_compiled's decoding step before anything is timed (its seconds recorded); where this machine
-        cannot compile, the system is left out and `skipped` says why. The systems that go on."""
-        from experiments.benchlib.hf import CompileUnavailable
+        """Compile hf_compiled's decoding step at every thread count its pre-pass times, before anything is timed
+        (a changed thread count compiles again: timed, it would charge the compile to the call); the seconds per
+        thread count and the graphs compiled are recorded. Where this machine cannot compile, the system is left
+        out and `skipped` says why. The systems that go on."""
+        from experiments.benchlib.hf import CompileUnavailable, compiled_graphs
 
         if not any(s.name == "hf_compiled" for s in systems):
             return systems
+        seconds = {}
         try:
-            self.compile_s = self.hf.compile_warmup(prompt, max_new)
+            for threads in self.thread_candidates("hf_compiled") or [None]:
+                seconds[threads] = self.hf.compile_warmup(prompt, max_new, threads=threads)
         except CompileUnavailable as error:
             self.skipped["hf_compiled"] = f"cannot compile here: {error}"
             return [s for s in systems if s.name != "hf_compiled"]
+        self.compile_s = sum(seconds.values())
+        self.graphs_before_timing = compiled_graphs()
+        by_threads = {str(t): round(s, 1) for t, s in seconds.items() if t is not None}
         for system in systems:
             if system.name == "hf_compiled":
-                system.settings = {**system.settings, "compile_s": round(self.compile_s, 1)}
+                system.settings = {**system.settings, "compile_s": round(self.compile_s, 1),
+                                   **({"compile_s_by_threads": by_threads} if by_threads else {})}  # fmt: skip
         return systems
+
+    def recompiles(self) -> dict[str, int] | None:
+        """hf_compiled's graphs: compiled before timing, and compiled again during the pre-pass and the timed
+        passes (recompiles: zero expected); None without hf_compiled."""
+        from experiments.benchlib.hf import compiled_graphs
+
+        before = self.graphs_before_timing
+        if before is None:
+            return None
+        return {"graphs_before_timing": before, "graphs_compiled_while_timed": compiled_graphs() - before}
 
     def processes(self) -> list[dict[str, Any]]:
         """Every process with its lifetime peak resident set."""
