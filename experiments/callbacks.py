@@ -13,6 +13,13 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from analysis.collect import collect, format_markdown
+from analysis.rundir import ResultsError, find_run_dirs, refresh_reference
+from pipespec.errors import ConfigError
+
+# experiments.runner (torch, through pipespec.api) is imported where a run's directory is checked, for its
+# RunError: collecting a multirun's table at its end imports no torch.
+
 
 class CheckRunDirectory(Callback):
     """Hydra writes a run's `.hydra/` files (config, overrides) into its run directory before the entry point
@@ -29,9 +36,7 @@ class CheckRunDirectory(Callback):
         self.check = getattr(importlib.import_module(module), name)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from analysis.rundir import ResultsError
         from experiments.runner import RunError
-        from pipespec.errors import ConfigError
 
         if config.hydra.output_subdir is None:  # Hydra writes nothing (a torchrun stage rank)
             return
@@ -64,9 +69,6 @@ def keep_start_record(hydra_dir: Path) -> None:
 
 class CollectAtEnd(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from analysis.collect import collect, format_markdown
-        from analysis.rundir import ResultsError, find_run_dirs, refresh_reference
-
         sweep_dir = Path(config.hydra.sweep.dir)
         if config.run.plan or not sweep_dir.exists():
             return

@@ -33,8 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipespec.drafters import common_prefix
+from experiments import compose
+from experiments.data import prompts_for
+from experiments.hierarchies import resolve_stage
+from pipespec.drafters import PromptLookup, SuffixDrafter, common_prefix
+from pipespec.models import CausalLMRunner, context_length, eos_token_ids, load_model, load_tokenizer
 from pipespec.tree import DraftTree
+
+# torch, pipespec.decoding (torch) and experiments.profiler (numpy) are imported where a model runs: the
+# simulation over recorded outputs imports none of them.
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "results" / "drafters"
@@ -53,11 +60,7 @@ def record(n: int, max_new_tokens: int, cache_path: Path) -> dict[str, Any]:
     """Greedy outputs of fp32 SmolLM2, cached per sample (the file is rewritten after each)."""
     import torch
 
-    from experiments import compose
-    from experiments.data import prompts_for
     from pipespec.decoding import greedy_generate
-    from experiments.hierarchies import resolve_stage
-    from pipespec.models import CausalLMRunner, context_length, eos_token_ids, load_model, load_tokenizer
 
     torch.set_num_threads(1)
     cache = load_cache(cache_path)
@@ -104,9 +107,7 @@ def measure_step_costs(cache: dict[str, Any], max_rows: int = 9, repeats: int = 
     """
     import torch
 
-    from experiments.hierarchies import resolve_stage
     from experiments.profiler import interleaved_step_costs
-    from pipespec.models import CausalLMRunner, load_model
 
     torch.set_num_threads(1)  # torch then runs on this thread: its CPU time is the pass's
     runner = CausalLMRunner(load_model(resolve_stage({"model": "smollm2"})))
@@ -200,8 +201,6 @@ def simulate(samples: Sequence[dict], drafter, counted: range, costs: Sequence[f
 def drafter_factories(tuned: dict[str, Any] | None = None, shared: dict[str, Any] | None = None,
                       tree_nodes: int = 0, tree_tuned: dict[str, Any] | None = None,
                       tree_shared: dict[str, Any] | None = None) -> dict[str, Callable[[], Any]]:  # fmt: skip
-    from pipespec.drafters import PromptLookup, SuffixDrafter
-
     systems = {
         "prompt_lookup cap 8": lambda: PromptLookup(3, 8),
         "prompt_lookup cap 2": lambda: PromptLookup(3, 2),
@@ -232,8 +231,6 @@ def tune(samples: Sequence[dict], half: int, costs: Sequence[float], grid: Seque
          tree_nodes: int = 0) -> tuple[dict, list[dict]]:  # fmt: skip
     """The suffix settings of `grid` (chains, or trees of `tree_nodes`) with the best estimated speedup on the
     first `half` samples."""
-    from pipespec.drafters import SuffixDrafter
-
     scored = []
     for params in grid:
         drafter = TreeReplay(SuffixDrafter(**params), tree_nodes) if tree_nodes else SuffixDrafter(**params)

@@ -36,6 +36,7 @@ from analysis.rundir import (
     trace_path,
 )
 from analysis.specbench import answer_line, format_speed_report, model_id, sort_answers, speed_report
+from experiments.data import DataError, load_dataset
 
 
 class ExportError(ValueError):
@@ -78,8 +79,6 @@ def question_labels(config: Mapping[str, Any], run_dir: Path) -> Callable[[Mappi
     dataset = config["dataset"]
     by_id: dict[str, tuple[Any, str]] = {}
     if dataset.get("loader") == "spec_bench":
-        from experiments.data import DataError, load_dataset
-
         try:
             by_id = {s.sample_id: (s.meta["question_id"], s.meta["category"]) for s in load_dataset(dataset)}
         except DataError as error:

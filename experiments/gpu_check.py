@@ -38,7 +38,22 @@ import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
+from analysis.paper_model import leviathan_walltime_improvement
+from analysis.rundir import classify_identity, near_tie_threshold
+from experiments.compose import load
+from experiments.data import prompts_for
 from experiments.hub import default_offline
+from experiments.prepare import prepare_smollm2
+from experiments.tiny import build_tiny_hierarchy, random_prompts
+from pipespec.errors import ConfigError, StageError
+from pipespec.gpu import GpuSampler, gpu_facts, open_backend, pool_gpu_figures, sample_gpu_figures, summarize_series
+from pipespec.hardware import cpu_info
+from pipespec.models import CausalLMRunner, load_model
+from pipespec.specs import StageSpec
+from pipespec.stats import StageStats, pool
+
+# torch, transformers and pipespec.api (torch) are imported where a model runs: parsing and checking the
+# options imports none of them.
 
 default_offline()  # its models are local (packaged SmolLM2, tiny models, GPU_CHECK_MODELS paths): no hub
 
@@ -52,8 +67,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def hierarchies(directory: str) -> dict[str, list[str]]:
     """tiny_k3 = draft 0.3, draft 0.05, target; tiny_k2 = draft 0.05, target (as conf/models/tiny_k*.yaml)."""
-    from experiments.tiny import build_tiny_hierarchy
-
     paths = build_tiny_hierarchy(directory, TINY_DRAFT_NOISE, seed=0)
     return {"tiny_k2": paths[1:], "tiny_k3": paths}
 
@@ -62,8 +75,6 @@ def stage_specs(name: str, dtype: str, device: str, tiny: dict[str, list[str]]) 
     """The stages of one case: `smollm2` (draft in DRAFT_DTYPE, target in `dtype`), `local` (GPU_CHECK_MODELS,
     all in `dtype`) or a tiny hierarchy (all in `dtype`)."""
     if name == "smollm2":
-        from experiments.prepare import prepare_smollm2
-
         path = str(prepare_smollm2())
         return [{"model": path, "device": device, "dtype": DRAFT_DTYPE[dtype], "name": f"smollm2-{DRAFT_DTYPE[dtype]}"},
                 {"model": path, "device": device, "dtype": dtype, "name": f"smollm2-{dtype}"}]  # fmt: skip
@@ -76,13 +87,8 @@ def stage_specs(name: str, dtype: str, device: str, tiny: dict[str, list[str]]) 
 def prompts_for_case(name: str, target: str, count: int, tokens: int) -> list[list[int]]:
     """Token ids: the first HumanEval problems in the chat template for real models, random ids for tiny ones."""
     if name.startswith("tiny"):
-        from experiments.tiny import random_prompts
-
         return random_prompts(count, length=16, seed=1)
     from transformers import AutoTokenizer
-
-    from experiments.compose import load
-    from experiments.data import prompts_for
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     family = "chat" if getattr(tokenizer, "chat_template", None) else "base"
@@ -94,9 +100,6 @@ def step_time_ratio(target: str, device: str, dtype: str, prefix: int = 32, reps
     """The target's forward pass over 8 candidates vs 1 (after a cached prefix): the fastest of `reps` each (the
     least disturbed by anything else running)."""
     import torch
-
-    from pipespec.models import CausalLMRunner, load_model
-    from pipespec.specs import StageSpec
 
     runner = CausalLMRunner(load_model(StageSpec(model=target, device=device, dtype=dtype)))
     sequence = list(range(2, 2 + prefix))
@@ -123,9 +126,6 @@ def step_time_ratio(target: str, device: str, dtype: str, prefix: int = 32, reps
 
 def stage_rows(results, names: list[str]) -> list[dict]:
     """Per stage over the prompts of one strategy: pooled counts (`pipespec.stats`) and its own GPU samples."""
-    from pipespec.gpu import pool_gpu_figures, sample_gpu_figures
-    from pipespec.stats import StageStats, pool
-
     rows = []
     for i, name in enumerate(names):
         traces = [(r, t) for r in results for t in r.stage_traces if t.stage == i]
@@ -140,9 +140,7 @@ def stage_rows(results, names: list[str]) -> list[dict]:
 
 def run_case(specs, prompts, tokens, lookahead, threshold):
     """Every strategy on one pipeline: records shaped like a run's samples.jsonl, classified, and per stage."""
-    from analysis.rundir import classify_identity
-    from pipespec import Pipeline
-    from pipespec.gpu import sample_gpu_figures
+    from pipespec.api import Pipeline
 
     names = [s.get("name") or Path(s["model"]).name for s in specs]
     rows = {}
@@ -204,8 +202,6 @@ def print_case(name: str, summary: dict) -> None:
 
 def lessons(dtype: str, device: str, ratio: dict, summary: dict, lookahead: int) -> list[str]:
     """What one dtype's figures say: the cost of verifying 8 drafts, and SD against Leviathan et al.'s formula."""
-    from analysis.paper_model import leviathan_walltime_improvement
-
     lines = [f"{dtype} on {device}: verifying 8 tokens costs {ratio['ratio_8_over_1']:.2f}x a 1-token step "
              + ("(launch-bound: checking drafts is almost free, the regime speculation needs)"
                 if ratio["ratio_8_over_1"] < 1.5 else "(compute-bound: every draft checked costs time)")]  # fmt: skip
@@ -229,8 +225,6 @@ def machine_name(facts: dict, dry_run: bool) -> str:
         count = len(facts["gpus"])
         name = ("" if count == 1 else f"{count}x-") + facts["gpus"][0]
     else:
-        from pipespec.hardware import cpu_info
-
         name = "cpu-" + str(cpu_info().get("name") or "unknown")
     return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
 
@@ -276,9 +270,6 @@ def parse_args(argv: list[str] | None, gpu: bool) -> argparse.Namespace:
 
 def check_options(args) -> None:
     """One `ConfigError` for a bad device, dtype or hierarchy, before anything is built."""
-    from pipespec.errors import ConfigError
-    from pipespec.specs import StageSpec
-
     for dtype in args.dtypes:
         StageSpec.from_any({"model": ".", "device": args.device, "dtype": dtype})
     known = ("smollm2", "local", "tiny_k2", "tiny_k3")
@@ -294,9 +285,6 @@ def check_options(args) -> None:
 
 def run_dtype(args, dtype: str, tiny: dict, report: dict) -> int:
     """Every hierarchy in one target dtype; returns the unexplained mismatches and errors."""
-    from analysis.rundir import near_tie_threshold
-    from pipespec.errors import ConfigError, StageError
-
     threshold, unexplained = near_tie_threshold(dtype), 0
     for name in args.hierarchies:
         specs = stage_specs(name, dtype, args.device, tiny)
@@ -326,8 +314,6 @@ def check(args) -> int:
     """The whole check, printing as it goes; returns the report check.json holds."""
     import torch
     import transformers
-
-    from pipespec.gpu import GpuSampler, gpu_facts, open_backend, summarize_series
 
     facts = gpu_facts()
     machine = machine_name(facts, args.dry_run)
@@ -377,8 +363,6 @@ class _Tee(io.TextIOBase):
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-
-    from pipespec.errors import ConfigError
 
     args = parse_args(argv, torch.cuda.is_available())
     try:

@@ -17,8 +17,14 @@ from typing import Any, Mapping, Sequence
 
 from experiments.compose import load, options
 from experiments.hub import check_models
+from experiments.prepare import prepare_smollm2
+from experiments.tiny import build_tiny_hierarchy
+from pipespec.cache import cache_root
 from pipespec.errors import ConfigError
 from pipespec.specs import check_target_options, StageSpec
+
+# nothing is deferred here: experiments.tiny and experiments.prepare import torch and transformers only where
+# they build a model, so naming a hierarchy (and its `tiny:` or `smollm2` stages once built) imports neither.
 
 TINY_DRAFT_NOISE = (0.3, 0.05)  # the tiny drafts, in build order (their weights depend on it)
 
@@ -29,16 +35,12 @@ def available() -> list[str]:
 
 def tiny_model_dir(name: str) -> Path:
     """Directory of a `tiny:NAME` model, building the tiny hierarchy atomically on first use."""
-    from pipespec.cache import cache_root
-
     names = {"target": "target"}
     names.update({f"draft_noise{noise}": f"draft{i}_noise{noise}" for i, noise in enumerate(TINY_DRAFT_NOISE)})
     if name not in names:
         raise ConfigError(f"unknown tiny model 'tiny:{name}'; available: {sorted('tiny:' + n for n in names)}")
     root = cache_root() / "models" / "tiny"
     if not (root / "target" / "config.json").exists():
-        from experiments.tiny import build_tiny_hierarchy
-
         root.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root.parent))
         try:
@@ -58,8 +60,6 @@ def resolve_stage(stage: StageSpec | str | Mapping[str, Any], check_devices: boo
         stage = dict(stage)
         model = str(stage.get("model") or "")
         if model == "smollm2":
-            from experiments.prepare import prepare_smollm2
-
             stage["model"] = str(prepare_smollm2())
         elif model.startswith("tiny:"):
             stage["model"] = str(tiny_model_dir(model.partition(":")[2]))

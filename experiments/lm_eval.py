@@ -14,12 +14,15 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+from pipespec.errors import ConfigError, StageError
+
+# lm_eval and experiments.lm_eval_model (which imports it, and through it torch and transformers) are imported
+# in main, once lm-eval is found installed: without it the command says so in one line.
+
 EXTRA = "pipespec[lmeval]"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipespec.errors import ConfigError, StageError
-
     if importlib.util.find_spec("lm_eval") is None:
         print(f"error: lm-eval is not installed: pip install '{EXTRA}'", file=sys.stderr)
         return 2

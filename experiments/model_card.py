@@ -19,8 +19,17 @@ import os
 import sys
 from pathlib import Path
 
+import psutil
+from tqdm import tqdm
+
 from experiments.compose import load as load_conf
+from experiments.data import prompts_for
+from experiments.hierarchies import load_hierarchy
+from experiments.hub import default_offline
 from pipespec.stats import StageStats, pool
+
+# torch, pipespec.api and pipespec.exported (torch), and experiments.profiler (numpy), are imported where a
+# model runs: `--help` imports none of them.
 
 HIERARCHIES = ("smollm2_int8_fp32", "smollm2_pld_int8_fp32", "smollm2_pld_fp32")
 DATASETS = ("humaneval", "news_lee_cnndm")
@@ -43,8 +52,6 @@ def step_costs_ms(spec, context_tokens: int = 200, max_n: int = 16, repeats: int
 
 def idle_cpu_fraction(pipe, prompt_ids: list[int], max_new_tokens: int) -> float:
     """CPU seconds / wall seconds of the non-target stages while greedy decodes on the target."""
-    import psutil
-
     idle = [psutil.Process(pid) for pid in pipe.pids[:-1]]
     before = [sum(p.cpu_times()[:2]) for p in idle]
     result = pipe.generate(prompt_ids, max_new_tokens, strategy="greedy")
@@ -54,8 +61,6 @@ def idle_cpu_fraction(pipe, prompt_ids: list[int], max_new_tokens: int) -> float
 
 def measure_hierarchy(name: str, samples: int, max_new_tokens: int, sd_lookahead: int, progress) -> dict:
     from pipespec.api import Pipeline
-    from experiments.data import prompts_for
-    from experiments.hierarchies import load_hierarchy
 
     specs = load_hierarchy(name)
     rows = {}
@@ -138,7 +143,6 @@ def format_card(cards: dict, costs: dict, args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.hub import default_offline
     default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
     parser = argparse.ArgumentParser(description="measure and print the model card of the default hierarchies")
     parser.add_argument("--samples", type=int, default=20)
@@ -147,9 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hierarchies", default=",".join(HIERARCHIES))
     parser.add_argument("--write", help="also write the Markdown card to this file (atomically)")
     args = parser.parse_args(argv)
-    from tqdm import tqdm
-
-    from experiments.hierarchies import load_hierarchy
 
     def progress(items, desc):
         return tqdm(items, desc=desc, file=sys.stderr)

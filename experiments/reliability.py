@@ -35,6 +35,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
 from analysis.rundir import RECORD_KEYS, read_records, read_summary
 from experiments.hierarchies import load_hierarchy, tiny_model_dir
 from experiments.hub import default_offline
@@ -42,8 +44,9 @@ from experiments.soak import WARMUP, soak
 from experiments.tiny import build_tiny_hierarchy, random_prompts
 from pipespec.errors import StageError
 from pipespec.faults import FaultPlan
+from pipespec.models import CausalLMRunner, load_model
 
-# torch, psutil and the modules that load models (pipespec.api, .decoding, .models) are imported where used:
+# torch and the modules that import it (pipespec.api, pipespec.decoding) are imported where a model runs:
 # importing this module stays cheap for its argument checks and the tests.
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,8 +59,6 @@ PARTS = ("faults", "soak", "resume", "bad")
 
 def processes_gone(pids, within_s: float = 5.0) -> bool:
     """Whether every pid has exited (zombies count as gone) within `within_s`; the tests use it too."""
-    import psutil
-
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
@@ -100,7 +101,6 @@ def run_faults(log) -> dict:
 
     from pipespec.api import Pipeline
     from pipespec.decoding import greedy_generate
-    from pipespec.models import CausalLMRunner, load_model
 
     specs = {2: load_hierarchy("tiny_k2"), 3: load_hierarchy("tiny_k3")}
     torch.set_num_threads(1)
@@ -185,8 +185,6 @@ def _whole_records(run: Path) -> list[dict]:
 
 
 def run_resume(log) -> dict:
-    import psutil
-
     rng = random.Random(SEED)
     first, second = rng.randint(1, 3), rng.randint(1, 3)
     failures, points = [], []

@@ -17,7 +17,14 @@ import json
 import sys
 import time
 
-from experiments.hub import default_offline  # noqa: E402
+from experiments.compose import compose
+from experiments.data import DataError
+from experiments.hub import default_offline
+from pipespec.errors import ConfigError, StageError
+
+# torch and the modules that import it (experiments.run_config, pipespec.api) are imported where the
+# comparison runs, after default_offline() has set the hub's switches the libraries read when imported.
+
 default_offline()  # offline unless the user set HF_HUB_OFFLINE & co. or the run names a hub id
 
 
@@ -51,10 +58,7 @@ def compare(run) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.compose import compose
     from experiments.run_config import RunConfig
-    from experiments.data import DataError
-    from pipespec.errors import ConfigError, StageError
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     try:

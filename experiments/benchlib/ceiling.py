@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from analysis.names import bench_system_name
+from experiments.prepare import smollm2_dir
+
+# torch is imported where the read bandwidth is measured (`--bandwidth`): reading a bench's reports imports none.
 
 BANDWIDTH_MIB = 512  # the tensor read to measure bandwidth: far larger than the caches
 
@@ -106,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     floor_ms = None
     if args.bandwidth or args.bandwidth_gbs:
-        from experiments.prepare import smollm2_dir
-
         weights = target_weight_bytes(smollm2_dir())
         rates = {f"{t} thread(s)": read_bandwidth_gbs(t) for t in (1, 2)} if args.bandwidth else {"given": args.bandwidth_gbs}
         floor_ms = weights / (max(rates.values()) * 1e9) * 1000

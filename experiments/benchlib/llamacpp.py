@@ -24,6 +24,7 @@ tensor checked equal to the packaged GGUF's de-quantized one (the same values HF
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -33,9 +34,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from pipespec.errors import ConfigError
-
 from experiments.benchlib.config import LLAMACPP_SYSTEMS
+from experiments.prepare import gguf_location, prepare_smollm2, smollm2_dir
+from pipespec.cache import cache_root
+from pipespec.errors import ConfigError
+from pipespec.models import eos_token_ids, load_model
+
+# llama_cpp (optional), gguf, safetensors, torch and experiments.benchlib.hf (torch) are imported where a GGUF
+# is written or run: checking a bench's llama.cpp systems imports none of them.
 
 LLAMACPP_VERSION = "0.3.36"
 INSTALL_HINT = "bash scripts/llamacpp.sh"
@@ -121,15 +127,11 @@ def permute_heads(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def f32_gguf_path() -> Path:
-    from pipespec.cache import cache_root
-
     return cache_root() / "models" / F32_GGUF
 
 
 def q4_gguf_path() -> Path:
     """The packaged Q4_1 GGUF (`experiments.prepare.gguf_location`)."""
-    from experiments.prepare import gguf_location
-
     try:
         return gguf_location()
     except FileNotFoundError as error:
@@ -146,8 +148,6 @@ def _field_value(field) -> tuple[Any, Any, Any]:
 def write_f32_gguf(hf_dir: Path, package: Path, out: Path) -> dict[str, Any]:
     """Write `out`: the packaged GGUF's metadata and the tensors of `hf_dir`'s model.safetensors in f32, each
     checked equal to the packaged one de-quantized. Written beside `out`, then moved into place."""
-    import json
-
     import gguf
     from safetensors.numpy import load_file
 
@@ -196,8 +196,6 @@ def write_f32_gguf(hf_dir: Path, package: Path, out: Path) -> dict[str, Any]:
 
 def ensure_f32_gguf(force: bool = False, quiet: bool = False) -> Path:
     """The f32 GGUF of the prepared SmolLM2 target in the cache, written first when missing (seconds)."""
-    from experiments.prepare import prepare_smollm2
-
     out = f32_gguf_path()
     if out.exists() and not force:
         return out
@@ -389,8 +387,6 @@ class IdentityLedger:
 # ---- the bench's llama.cpp systems -----------------------------------------------------------------------------
 def target_reason(target) -> str | None:
     """Why the bench's target has no GGUF here (llama.cpp runs SmolLM2-135M-Instruct in fp32 only), or None."""
-    from experiments.prepare import smollm2_dir
-
     if target.kind != "hf" or Path(str(target.model)).resolve() != smollm2_dir().resolve():
         return f"llama.cpp runs the SmolLM2-135M-Instruct target only (models@k2=smollm2_*), not {target.label}"
     if target.dtype != "float32" or target.quantize is not None:
@@ -423,8 +419,6 @@ class LlamaCppSystems:
                 skipped[name] = reason
 
     def _load(self, name: str) -> LlamaCppModel:
-        from pipespec.models import eos_token_ids
-
         path = q4_gguf_path() if name == "llamacpp_q4" else ensure_f32_gguf()
         lookup = self.lookup if name == "llamacpp_prompt_lookup" else None
         return LlamaCppModel(path, eos_token_ids(self.target.model), self.options["n_ctx"], self.options["kv_type"],
@@ -462,8 +456,6 @@ class LlamaCppSystems:
 
     def _margin(self):
         if self._margin_model is None:
-            from pipespec.models import load_model
-
             model = self.hf_model() if self.hf_model is not None else None
             self._margin_model = model if model is not None else load_model(self.target)
         return self._margin_model

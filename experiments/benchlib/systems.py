@@ -26,7 +26,12 @@ from pipespec.errors import ConfigError
 
 from experiments.benchlib.config import (HF_SYSTEMS, LLAMACPP_SYSTEMS, BenchConfigError, Hierarchy, is_pipespec,
                                          is_sd, per_hierarchy, resolve_hierarchy, sd_candidates)  # fmt: skip
-from experiments.benchlib.timer import prepass
+from experiments.benchlib.timer import lifetime_peak_rss_mb, prepass
+from experiments.hierarchies import read_hierarchy
+
+# torch and the modules that import it (pipespec.api, experiments.auto, experiments.benchlib.hf), and
+# experiments.benchlib.llamacpp (numpy), are imported where the systems start (`Systems`): resolving a bench's
+# hierarchies (`resolve_setup`) imports none of them.
 
 
 def sd_settings(chosen: dict[str, Any], candidates: list[tuple], before: dict[str, Any]) -> dict[str, Any]:
@@ -100,8 +105,6 @@ def resolve_setup(cfg: Mapping[str, Any]) -> Setup:
         raise BenchConfigError("hf_prompt_lookup needs a prompt_lookup stage in k3 (or k2)")
     more = {}
     for name in dict.fromkeys(where[1] for where in map(per_hierarchy, wanted) if where is not None):
-        from experiments.hierarchies import read_hierarchy
-
         try:
             more[name] = resolve_hierarchy(name, read_hierarchy(name))
         except ConfigError as error:
@@ -370,8 +373,6 @@ class Systems:
 
     def processes(self) -> list[dict[str, Any]]:
         """Every process with its lifetime peak resident set."""
-        from experiments.benchlib.timer import lifetime_peak_rss_mb
-
         out = [{"hierarchy": key, "stage": name, "pid": pid, "lifetime_peak_rss_mb": lifetime_peak_rss_mb(pid)}
                for key, pipe in self.pipes.items() for name, pid in zip(pipe.names, pipe.pids)]  # fmt: skip
         out.append({"hierarchy": None, "stage": "driver", "pid": os.getpid(),
