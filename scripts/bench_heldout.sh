@@ -9,7 +9,7 @@
 # has not run); our greedy (the faster of 1 and 2 threads); PipeSpec k=2 (int8 -> fp32) and k=3 (lookup -> int8
 # -> fp32); SD on the flat suffix drafter with its 2-thread verifier compiled, chains and trees of 8, and PipeSpec
 # (lookahead 1, `system_options`) on the trees (the compiled package is built at its first start on a machine,
-# about 1.5 minutes, and loaded by later ones, reported apart). About 50 minutes on a 2-core machine.
+# about 1.5 minutes, and loaded by later ones, reported apart). About an hour on a 2-core machine.
 # Run it on a quiet machine.
 # Usage: [SAMPLES=8] [REPS=3] bash scripts/bench_heldout.sh [OUT_DIR (default results/bench/heldout_DATE)] [extra overrides...]
 set -euo pipefail
